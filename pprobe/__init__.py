@@ -1,0 +1,72 @@
+"""pprobe: see every NumPy and PyTorch operation a program runs, without changing it.
+
+Zero-code use: ``PYTHONPATH=bootstrap python train.py`` or ``pprobe run -- python train.py``.
+In code: ``pprobe.enable(mode="stats")`` ... ``pprobe.disable()``, or ``with pprobe.probe():``.
+
+This module stays light: it is imported at interpreter start-up by the bootstrap, so it imports
+neither numpy, torch, pyarrow nor duckdb.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["enable", "disable", "probe", "step", "load", "active_run_dir", "__version__"]
+
+
+def enable(**settings: Any) -> str:
+    """Start probing this process (settings as in the README table, e.g. ``mode="stats"``).
+
+    Explicit arguments win over environment variables and config files. Returns the run folder.
+    Raises :class:`pprobe.config.ConfigError` for a bad setting (nothing is started then).
+    """
+    from . import _startup, config
+    from .session import Session
+
+    _startup._done = True  # a later bootstrap call must not start a second session
+    cfg = config.load(overrides={"enabled": True, **settings})
+    return Session.start(cfg).run.dir
+
+
+def disable() -> None:
+    """Stop probing: restore every patched object, flush the log, finish the run's metadata."""
+    from .session import Session
+
+    if Session.active is not None:
+        Session.active.stop()
+
+
+class probe:
+    """``with pprobe.probe(mode="log") as run_dir:`` probes the block only."""
+
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings
+
+    def __enter__(self) -> str:
+        return enable(**self.settings)
+
+    def __exit__(self, *exc: object) -> None:
+        disable()
+
+
+def step(n: int | None = None) -> int:
+    """Advance the training step (or set it to ``n``); rows carry the step they ran in."""
+    from . import recorder, state
+
+    recorder.set_step(state.step + 1 if n is None else int(n))
+    return state.step
+
+
+def load(path: str) -> Any:
+    """Load a dump written by pprobe as the array it was (see docs/output.md)."""
+    import numpy as np
+
+    return np.load(path, allow_pickle=False)
+
+
+def active_run_dir() -> str | None:
+    """The folder this process records into, or None when the probe is off."""
+    from .session import Session
+
+    return Session.active.run.dir if Session.active is not None else None

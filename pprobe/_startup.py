@@ -1,0 +1,112 @@
+"""The one guarded, idempotent start-up every entry point calls.
+
+Callers: bootstrap/sitecustomize.py and bootstrap/usercustomize.py (``PYTHONPATH=bootstrap``
+or ``pprobe run``), the ``.pth`` line of ``pprobe install --site``, and ``import pprobe.auto``.
+It runs once per process whoever calls it first, imports neither numpy nor torch, and never
+lets an exception out: a bad setting prints one clear line and the program runs unprobed
+(PPROBE_STRICT=1 makes that fatal: exit status 2).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+_done = False
+#: Programs never probed: package managers and pprobe's own command line.
+EXCLUDED_PROGRAMS = frozenset(
+    {"pip", "pip3", "pprobe", "ensurepip", "uv", "virtualenv", "venv", "pipx"}
+)
+
+
+def initialize(source: str = "api") -> bool:
+    """Start probing this process if the settings ask for it. Returns whether it started.
+
+    ``source`` is "bootstrap", "pth" or "api": a bootstrap on PYTHONPATH (or pprobe.auto)
+    means the user asked for the probe, so it is on unless PPROBE=0 or a config file says
+    ``enabled = false``; a site-wide .pth stays dormant unless PPROBE=1 or a config file says
+    ``enabled = true``.
+    """
+    global _done
+    if _done:
+        return False
+    _done = True
+    try:
+        return _initialize(source)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - start-up must never break the program
+        from . import _report
+
+        _report.internal_error("start-up", e)
+        return False
+
+
+def _initialize(source: str) -> bool:
+    flag = os.environ.get("PPROBE")
+    if flag is not None and flag.strip().lower() in ("0", "false", "no", "off"):
+        return False  # kill switch
+    if excluded_program():
+        return False
+    from . import config as cfgmod
+
+    try:
+        defaults = {} if source == "pth" else {"enabled": True}
+        cfg = _load(cfgmod, defaults)
+    except cfgmod.ConfigError as e:
+        strict = os.environ.get("PPROBE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+        if strict:
+            sys.stderr.write(f"pprobe: configuration error: {e}. PPROBE_STRICT=1: stopping.\n")
+            raise SystemExit(2) from None
+        sys.stderr.write(
+            f"pprobe: configuration error: {e}. The program runs without pprobe "
+            "(PPROBE_STRICT=1 makes this fatal).\n"
+        )
+        return False
+    if not cfg.enabled:
+        return False
+    from .session import Session
+
+    Session.start(cfg)
+    return True
+
+
+def _load(cfgmod: Any, defaults: dict[str, Any]) -> Any:
+    import json
+
+    inherited = os.environ.get("PPROBE_RESOLVED")
+    if inherited:  # a child process: take the parent's resolved settings, no re-guess
+        return cfgmod.Config.from_json(json.loads(inherited)["config"])
+    cfg = cfgmod.load()
+    if "enabled" not in cfg.sources and defaults.get("enabled"):
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, enabled=True)
+    return cfg
+
+
+def excluded_program() -> bool:
+    """pip, pprobe's own CLI and friends are never probed (by script name or ``-m``)."""
+    argv = list(getattr(sys, "orig_argv", None) or [])
+    if not argv:
+        return False
+
+    def stem(p: str) -> str:
+        return os.path.basename(p).lower().split(".")[0]
+
+    if stem(argv[0]) in EXCLUDED_PROGRAMS:
+        return True
+    args = iter(argv[1:])
+    for a in args:
+        if a in ("-W", "-X", "-Q"):
+            next(args, None)
+        elif a == "-m":
+            return stem(next(args, "")) in EXCLUDED_PROGRAMS
+        elif a.startswith("-m"):
+            return stem(a[2:]) in EXCLUDED_PROGRAMS
+        elif a == "-c" or a == "-":
+            return False
+        elif not a.startswith("-"):
+            return stem(a) in EXCLUDED_PROGRAMS
+    return False

@@ -1,0 +1,176 @@
+"""Where the command line is parsed: ``pprobe run|query|install|uninstall``."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from typing import Any
+
+from . import __version__
+
+_RUN_OPTIONS = {  # pprobe run --option -> environment variable
+    "mode": "PPROBE_MODE",
+    "output": "PPROBE_OUTPUT",
+    "budget": "PPROBE_BUDGET",
+    "include": "PPROBE_INCLUDE",
+    "exclude": "PPROBE_EXCLUDE",
+    "steps": "PPROBE_STEPS",
+}
+
+
+def bootstrap_dir() -> str:
+    """The folder holding our sitecustomize.py: installed package data or the source tree."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (
+        os.path.join(here, "_bootstrap"),
+        os.path.join(os.path.dirname(here), "bootstrap"),
+    ):
+        if os.path.isfile(os.path.join(cand, "sitecustomize.py")):
+            return cand
+    import importlib.util
+
+    spec = importlib.util.find_spec("pprobe._bootstrap")
+    if spec and spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    raise FileNotFoundError("pprobe's bootstrap folder is missing from this installation")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pprobe", description="See every NumPy and PyTorch op a program runs. Docs: README.md"
+    )
+    p.add_argument("--version", action="version", version=f"pprobe {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a program under the probe: pprobe run -- python x.py")
+    for opt, env in _RUN_OPTIONS.items():
+        r.add_argument(f"--{opt}", help=f"sets {env}")
+    r.add_argument("--nested", action="store_true", help="sets PPROBE_NESTED=1")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
+
+    q = sub.add_parser("query", help="run SQL over a run's log (views: ops, tensors)")
+    q.add_argument("sql")
+    q.add_argument("--run", help="run folder or output folder (default: np_op_dumps/latest)")
+    q.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    q.add_argument(
+        "--max-rows", type=int, default=200, help="rows printed in table format (0: all)"
+    )
+
+    for name in ("install", "uninstall"):
+        s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
+        s.add_argument("--site", action="store_true", required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _stop_probing_self()
+    args = _parser().parse_args(argv)
+    if args.command == "run":
+        return _cmd_run(args)
+    if args.command == "query":
+        return _cmd_query(args)
+    from . import siteinstall
+
+    if args.command == "install":
+        print(f"pprobe: installed {siteinstall.install()} (dormant unless PPROBE=1)")
+        return 0
+    path = siteinstall.uninstall()
+    print(f"pprobe: removed {path}" if path else "pprobe: no site hook was installed")
+    return 0
+
+
+def _stop_probing_self() -> None:
+    """pprobe's own CLI is never probed, even when started with the bootstrap on."""
+    from .session import Session
+
+    if Session.active is not None:
+        Session.active.stop()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print(
+            "pprobe run: give the program to run, e.g. pprobe run -- python train.py",
+            file=sys.stderr,
+        )
+        return 2
+    env = dict(os.environ)
+    env.pop("PPROBE_RESOLVED", None)  # a new run, not a child of ours
+    env["PPROBE"] = "1"
+    boot = bootstrap_dir()
+    env["PYTHONPATH"] = os.pathsep.join(
+        [boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    for opt, var in _RUN_OPTIONS.items():
+        v = getattr(args, opt)
+        if v is not None:
+            env[var] = v
+    if args.nested:
+        env["PPROBE_NESTED"] = "1"
+    try:
+        os.execvpe(cmd[0], cmd, env)  # exit code, stdio and signals are the program's own
+    except OSError as e:
+        print(f"pprobe run: cannot run {cmd[0]!r}: {e}", file=sys.stderr)
+        return 127
+
+
+def _cmd_query(args: argparse.Namespace) -> int:
+    from .query import QueryError, run_sql
+
+    try:
+        cols, rows = run_sql(args.sql, args.run)
+    except QueryError as e:
+        print(f"pprobe query: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"pprobe query: {e}", file=sys.stderr)
+        return 2
+    if args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(rows)
+    elif args.format == "json":
+        json.dump([dict(zip(cols, r)) for r in rows], sys.stdout, default=str, indent=1)
+        print()
+    else:
+        print(format_table(cols, rows, args.max_rows))
+    return 0
+
+
+def format_table(cols: list[str], rows: list[tuple], max_rows: int = 200) -> str:
+    shown = rows if max_rows <= 0 else rows[:max_rows]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "NULL"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        s = str(v)
+        return s if len(s) <= 60 else s[:57] + "..."
+
+    cells = [[cell(v) for v in r] for r in shown]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    numeric = [
+        all(isinstance(r[i], (int, float)) or r[i] is None for r in shown) and shown
+        for i in range(len(cols))
+    ]
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(vals, widths))
+        ).rstrip()
+
+    out = [line(list(cols)), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells]
+    more = len(rows) - len(shown)
+    out.append(
+        f"({len(rows)} row{'s' if len(rows) != 1 else ''}"
+        + (f", {more} not shown: --max-rows 0 shows all)" if more else ")")
+    )
+    return "\n".join(out)

@@ -1,0 +1,433 @@
+"""One configuration object and every setting pprobe reads.
+
+Precedence, lowest to highest: defaults < ``[tool.pprobe]`` in ./pyproject.toml <
+./pprobe.toml (or the file named by PPROBE_CONFIG) < PPROBE_* environment variables <
+arguments to :func:`pprobe.enable`.  Child processes do not re-read any of this: the parent
+serialises the resolved settings into ``PPROBE_RESOLVED`` (see :mod:`pprobe.run`).
+
+Every environment variable is declared once in :data:`SETTINGS`; README's settings table is
+checked against it by ``tests/test_config.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("log", "stats", "dump")
+COVERAGES = ("auto", "full", "namespace")
+FRAMEWORKS = ("numpy", "torch")
+TORCH_LEVELS = ("api", "aten", "module")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class ConfigError(ValueError):
+    """A setting has a value pprobe cannot use; the message names the setting and what it takes."""
+
+
+# ---------------------------------------------------------------- parsers (value -> python)
+def _bool(name: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise ConfigError(f"{name}={v!r} is not valid; allowed: 1/0, true/false, yes/no, on/off")
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(name: str, v: Any) -> str:
+        s = str(v).strip().lower()
+        if s not in allowed:
+            raise ConfigError(f"{name}={v!r} is not valid; allowed: {', '.join(allowed)}")
+        return s
+
+    return parse
+
+
+def _choices(allowed: tuple[str, ...]) -> Callable[[str, Any], tuple[str, ...]]:
+    def parse(name: str, v: Any) -> tuple[str, ...]:
+        items = _list(name, v)
+        bad = [i for i in items if i not in allowed]
+        if bad or not items:
+            raise ConfigError(
+                f"{name}={v!r} is not valid; allowed: a comma-separated list of "
+                f"{', '.join(allowed)}"
+            )
+        return tuple(dict.fromkeys(items))
+
+    return parse
+
+
+def _list(name: str, v: Any) -> tuple[str, ...]:
+    if isinstance(v, (list, tuple)):
+        return tuple(str(i).strip() for i in v if str(i).strip())
+    return tuple(i.strip() for i in str(v).split(",") if i.strip())
+
+
+def _int(minimum: int) -> Callable[[str, Any], int]:
+    def parse(name: str, v: Any) -> int:
+        try:
+            n = int(str(v).strip()) if not isinstance(v, int) or isinstance(v, bool) else v
+        except ValueError:
+            n = None
+        if n is None or isinstance(n, bool) or n < minimum:
+            raise ConfigError(f"{name}={v!r} is not valid; allowed: an integer >= {minimum}")
+        return n
+
+    return parse
+
+
+def _float_pos(name: str, v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = -1.0
+    if not f > 0:
+        raise ConfigError(f"{name}={v!r} is not valid; allowed: a number of seconds > 0")
+    return f
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def _size(name: str, v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(v))
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _SIZE_UNITS:
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: a byte count such as 1073741824, 512MiB, 2GB, 0"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def _str(name: str, v: Any) -> str:
+    s = str(v).strip()
+    if not s:
+        raise ConfigError(f"{name}={v!r} is not valid; allowed: a non-empty path")
+    return s
+
+
+def parse_steps(name: str, v: Any) -> tuple[tuple[int, int], ...]:
+    """``"10-12,100"`` -> ((10, 12), (100, 100)); ``""`` -> () meaning every step."""
+    if isinstance(v, (list, tuple)) and all(isinstance(i, int) for i in v):
+        return tuple((int(i), int(i)) for i in v)
+    out = []
+    for part in _list(name, v):
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ConfigError(
+                f"{name}={v!r} is not valid; allowed: steps and ranges such as 10-12,100"
+            )
+        lo = int(m.group(1))
+        out.append((lo, int(m.group(2)) if m.group(2) is not None else lo))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------- the settings table
+@dataclass(frozen=True)
+class Setting:
+    field: str
+    env: str
+    default: Any
+    parse: Callable[[str, Any], Any]
+    help: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "enabled",
+        "PPROBE",
+        False,
+        _bool,
+        "Turn the probe on (1) or off (0). 0 is a kill switch that wins over everything.",
+    ),
+    Setting(
+        "mode",
+        "PPROBE_MODE",
+        "dump",
+        _choice(MODES),
+        "log: op rows with shapes and dtypes; stats: + min/max/mean/std/nan/inf counts; "
+        "dump: + .npy files of inputs and outputs.",
+    ),
+    Setting(
+        "output",
+        "PPROBE_OUTPUT",
+        "np_op_dumps",
+        _str,
+        "Folder that receives one sub-folder per run and a `latest` pointer.",
+    ),
+    Setting(
+        "budget",
+        "PPROBE_BUDGET",
+        1024**3,
+        _size,
+        "Bytes of .npy dumps per run (all processes together). Past it dumping stops; "
+        "logging goes on.",
+    ),
+    Setting(
+        "include",
+        "PPROBE_INCLUDE",
+        (),
+        _list,
+        "Comma-separated glob patterns of op names to capture (e.g. `numpy.linalg.*,*matmul`)."
+        " Empty: all.",
+    ),
+    Setting(
+        "exclude",
+        "PPROBE_EXCLUDE",
+        (),
+        _list,
+        "Comma-separated glob patterns of op names never captured.",
+    ),
+    Setting(
+        "every", "PPROBE_EVERY", 1, _int(1), "Capture every N-th call of each op (1: every call)."
+    ),
+    Setting(
+        "first",
+        "PPROBE_FIRST",
+        0,
+        _int(0),
+        "Capture only the first N calls of each op (0: no limit).",
+    ),
+    Setting(
+        "steps",
+        "PPROBE_STEPS",
+        (),
+        parse_steps,
+        "Step window such as `10-12,100`: capture only during those steps. Empty: all.",
+    ),
+    Setting(
+        "dtypes",
+        "PPROBE_DTYPES",
+        (),
+        _list,
+        "Capture only calls whose array inputs (or outputs, when there are no array inputs) "
+        "have one of these dtypes, e.g. `float32,float16`. Empty: all.",
+    ),
+    Setting(
+        "nested",
+        "PPROBE_NESTED",
+        False,
+        _bool,
+        "Also record calls made inside other recorded calls, with depth and parent.",
+    ),
+    Setting(
+        "frameworks",
+        "PPROBE_FRAMEWORKS",
+        FRAMEWORKS,
+        _choices(FRAMEWORKS),
+        "Which frameworks to probe when the program imports them.",
+    ),
+    Setting(
+        "coverage",
+        "PPROBE_COVERAGE",
+        "auto",
+        _choice(COVERAGES),
+        "NumPy coverage: full (operators and ndarray methods too), namespace (np.* only), "
+        "auto (full where the interpreter self-test passes).",
+    ),
+    Setting(
+        "torch_levels",
+        "PPROBE_TORCH_LEVEL",
+        ("api",),
+        _choices(TORCH_LEVELS),
+        "PyTorch capture levels: api (__torch_function__), aten (dispatcher, backward "
+        "included), module (one row per nn.Module call).",
+    ),
+    Setting(
+        "sync",
+        "PPROBE_SYNC",
+        False,
+        _bool,
+        "Synchronise the accelerator around each op for device-accurate timings.",
+    ),
+    Setting(
+        "flush_rows",
+        "PPROBE_FLUSH_ROWS",
+        16384,
+        _int(1),
+        "Rows buffered before a batch is written to the log.",
+    ),
+    Setting(
+        "flush_seconds",
+        "PPROBE_FLUSH_SECONDS",
+        1.0,
+        _float_pos,
+        "Longest time a recorded row waits before it is written.",
+    ),
+    Setting(
+        "strict",
+        "PPROBE_STRICT",
+        False,
+        _bool,
+        "Make a configuration error fatal instead of running the program unprobed.",
+    ),
+)
+BY_FIELD = {s.field: s for s in SETTINGS}
+BY_ENV = {s.env: s for s in SETTINGS}
+# Variables pprobe reads that are not settings of their own.
+OTHER_ENV = {
+    "PPROBE_CONFIG": "Path of a TOML config file to read instead of ./pprobe.toml.",
+    "PPROBE_RESOLVED": "Internal: resolved settings and run folder handed to child processes.",
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Resolved settings. Field defaults mirror :data:`SETTINGS`."""
+
+    enabled: bool = False
+    mode: str = "dump"
+    output: str = "np_op_dumps"
+    budget: int = 1024**3
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    every: int = 1
+    first: int = 0
+    steps: tuple[tuple[int, int], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    nested: bool = False
+    frameworks: tuple[str, ...] = FRAMEWORKS
+    coverage: str = "auto"
+    torch_levels: tuple[str, ...] = ("api",)
+    sync: bool = False
+    flush_rows: int = 16384
+    flush_seconds: float = 1.0
+    strict: bool = False
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["steps"] = [list(s) for s in self.steps]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Config:
+        d = dict(d)
+        d["steps"] = tuple(tuple(s) for s in d.get("steps", ()))
+        for k in ("include", "exclude", "dtypes", "frameworks", "torch_levels"):
+            if k in d:
+                d[k] = tuple(d[k])
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def step_selected(self, step: int) -> bool:
+        return not self.steps or any(lo <= step <= hi for lo, hi in self.steps)
+
+    def op_selected(self, name: str) -> bool:
+        """Include/exclude patterns match the qualified name (numpy.add) or the last part (add)."""
+        short = name.rsplit(".", 1)[-1]
+
+        def hit(pats: tuple[str, ...]) -> bool:
+            return any(fnmatch.fnmatchcase(name, p) or fnmatchcase_short(short, p) for p in pats)
+
+        if self.include and not hit(self.include):
+            return False
+        return not hit(self.exclude)
+
+
+def fnmatchcase_short(short: str, pattern: str) -> bool:
+    return "." not in pattern and fnmatch.fnmatchcase(short, pattern)
+
+
+# ---------------------------------------------------------------- loading
+def _read_toml(path: str) -> dict[str, Any]:
+    import tomllib  # only when a file exists: keeps start-up lean
+
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def file_values(cwd: str | None = None) -> dict[str, tuple[Any, str]]:
+    """Values from pyproject.toml [tool.pprobe] then pprobe.toml / PPROBE_CONFIG (later wins)."""
+    cwd = cwd or os.getcwd()
+    out: dict[str, tuple[Any, str]] = {}
+    pyproject = os.path.join(cwd, "pyproject.toml")
+    explicit = os.environ.get("PPROBE_CONFIG")
+    candidates: list[tuple[str, bool]] = []
+    if os.path.isfile(pyproject):
+        candidates.append((pyproject, True))
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise ConfigError(
+                f"PPROBE_CONFIG={explicit!r} is not valid; allowed: an existing TOML file"
+            )
+        candidates.append((explicit, False))
+    elif os.path.isfile(os.path.join(cwd, "pprobe.toml")):
+        candidates.append((os.path.join(cwd, "pprobe.toml"), False))
+    for path, is_pyproject in candidates:
+        try:
+            data = _read_toml(path)
+        except Exception as e:  # tomllib.TOMLDecodeError, OSError
+            raise ConfigError(f"{path}: cannot be read as TOML: {e}") from None
+        if is_pyproject:
+            data = data.get("tool", {}).get("pprobe", {})
+        if not isinstance(data, dict):
+            continue
+        for key, value in data.items():
+            if key not in BY_FIELD:
+                raise ConfigError(
+                    f"{path}: unknown setting {key!r}; allowed: {', '.join(sorted(BY_FIELD))}"
+                )
+            out[key] = (value, path)
+    return out
+
+
+def load(
+    overrides: dict[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> Config:
+    """Resolve the configuration. Raises :class:`ConfigError` naming the first bad setting."""
+    if env is None:
+        env = os.environ
+    raw: dict[str, tuple[Any, str]] = {}
+    raw.update(file_values(cwd))
+    for s in SETTINGS:
+        if s.env in env:
+            raw[s.field] = (env[s.env], "env " + s.env)
+    unknown = [k for k in env if k.startswith("PPROBE_") and k not in BY_ENV and k not in OTHER_ENV]
+    if unknown:
+        close = ", ".join(sorted(BY_ENV))
+        raise ConfigError(
+            f"{unknown[0]} is not a pprobe setting; known variables: {close}, "
+            + ", ".join(OTHER_ENV)
+        )
+    for k, v in (overrides or {}).items():
+        if k not in BY_FIELD:
+            raise ConfigError(f"unknown setting {k!r}; allowed: {', '.join(sorted(BY_FIELD))}")
+        raw[k] = (v, "argument")
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for k, (v, src) in raw.items():
+        s = BY_FIELD[k]
+        label = s.env if src.startswith("env") else f"{k} (from {src})"
+        values[k] = s.parse(label, v)
+        sources[k] = src
+    return Config(**values, sources=sources)

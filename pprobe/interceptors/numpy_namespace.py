@@ -1,0 +1,259 @@
+"""Where NumPy's namespace is patched: ``np.*`` functions, ufuncs and their methods.
+
+Each public callable of ``numpy`` and its public submodules is replaced, in the module's
+namespace, by a :class:`wrapt.ObjectProxy` subclass whose ``__call__`` goes through
+:func:`pprobe.recorder.call`. One proxy per original object, so ``np.fft.fft is np.fft.fft``
+and an object exported under two names stays one object. Proxies keep what NumPy and users
+rely on (FINDINGS 2): ``isinstance(np.add, np.ufunc)``, ``.reduce/.accumulate/.reduceat/.outer/
+.at`` and ``.nin/.nout/.types``, docstrings, ``inspect.signature`` (via ``__wrapped__``), ``==``
+and hashing (dict keys), pickling by reference and deepcopy. Known difference:
+``type(np.add) is np.ufunc`` and ``func is np.add`` inside ``__array_ufunc__`` /
+``__array_function__`` are False.
+
+Submodules NumPy loads lazily (numpy.fft, numpy.random, ...) are patched by post-import hooks
+when the program imports them. :func:`uninstall` puts every original back.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import numpy as np
+import wrapt
+
+from .. import recorder
+from . import numpy_arrays
+
+_call = recorder.call
+
+#: Public module -> the name its functions are reported under.
+MODULES = {
+    "numpy": "numpy",
+    "numpy.linalg": "numpy.linalg",
+    "numpy.fft": "numpy.fft",
+    "numpy.random": "numpy.random",
+    "numpy.lib.scimath": "numpy.emath",
+    "numpy.lib.stride_tricks": "numpy.lib.stride_tricks",
+    "numpy.strings": "numpy.strings",
+    "numpy.char": "numpy.char",
+    "numpy.ma": "numpy.ma",
+    "numpy.polynomial.polynomial": "numpy.polynomial.polynomial",
+}
+#: Configuration and introspection helpers, not array operations.
+SKIP = frozenset(
+    {
+        "seterr",
+        "geterr",
+        "seterrcall",
+        "geterrcall",
+        "set_printoptions",
+        "get_printoptions",
+        "printoptions",
+        "getbufsize",
+        "setbufsize",
+        "show_config",
+        "show_runtime",
+        "get_include",
+        "info",
+        "test",
+        "add_newdoc",
+        "add_docstring",
+        "deprecate",
+        "who",
+        "typename",
+        "set_string_function",
+        "get_state",
+        "set_state",
+        "seed",
+        "default_rng",
+        "may_share_memory",
+        "shares_memory",
+        "iterable",
+        "isscalar",
+        "ndim",
+        "shape",
+        "size",
+        "result_type",
+        "promote_types",
+        "can_cast",
+        "min_scalar_type",
+        "common_type",
+        "issubdtype",
+        "isdtype",
+        "finfo",
+        "iinfo",
+        "broadcast_shapes",
+        "getdata",
+        "getmask",
+        "getmaskarray",
+        "is_mask",
+        "isMaskedArray",
+        "isMA",
+        "isarray",
+        "is_masked",
+    }
+)
+
+_UFUNC_METHODS = ("reduce", "accumulate", "reduceat", "outer", "at")
+
+
+class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
+    """A recorded NumPy function (array-function dispatcher, builtin, or Python function)."""
+
+    def __init__(self, wrapped: Any, op: recorder.Op) -> None:
+        super().__init__(wrapped)
+        self._self_op = op
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_op, self.__wrapped__, args, kwargs)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickle by reference, like the original: pickle's save_global finds the proxy under
+        # the original's module and name, so the name alone is the reduce value.
+        w = self.__wrapped__
+        mod = sys.modules.get(getattr(w, "__module__", None) or "")
+        name = getattr(w, "__qualname__", None) or getattr(w, "__name__", None)
+        if mod is not None and name and getattr(mod, name, None) is self:
+            return name
+        return w.__reduce_ex__(protocol)
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self
+
+
+class UfuncProxy(FunctionProxy):
+    """A recorded ufunc: calls and each ufunc method are rows of their own kind."""
+
+    def __init__(self, wrapped: Any, op: recorder.Op) -> None:
+        super().__init__(wrapped, op)
+        name = wrapped.__name__
+        self._self_mops = {
+            m: recorder.op(f"{op.name}.{m}", f"ufunc.{m}", "numpy", name) for m in _UFUNC_METHODS
+        }
+
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_mops["reduce"], self.__wrapped__.reduce, args, kwargs)
+
+    def accumulate(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_mops["accumulate"], self.__wrapped__.accumulate, args, kwargs)
+
+    def reduceat(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_mops["reduceat"], self.__wrapped__.reduceat, args, kwargs)
+
+    def outer(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_mops["outer"], self.__wrapped__.outer, args, kwargs)
+
+    def at(self, *args: Any, **kwargs: Any) -> Any:
+        return _call(self._self_mops["at"], self.__wrapped__.at, args, kwargs)
+
+
+# ------------------------------------------------------------------------ patching
+_dispatcher_type = type(np.sum)
+_proxies: dict[int, FunctionProxy] = {}  # id(original) -> proxy
+_patched: list[tuple[types.ModuleType, str, Any]] = []  # (module, attr, original)
+_installed = False
+
+
+def _classify(obj: Any) -> str | None:
+    if isinstance(obj, np.ufunc):
+        return "ufunc"
+    if isinstance(obj, _dispatcher_type):
+        return "function"
+    if isinstance(obj, types.BuiltinFunctionType):
+        return "function"
+    if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
+        return "function"
+    if isinstance(obj, types.MethodType) and type(obj.__self__).__name__ == "RandomState":
+        return "function"
+    return None
+
+
+def _proxy_for(obj: Any, public: str, attr: str) -> FunctionProxy | None:
+    p = _proxies.get(id(obj))
+    if p is not None:
+        return p
+    kind = _classify(obj)
+    if kind is None:
+        return None
+    name = f"{public}.{attr}"
+    if kind == "ufunc":
+        p = UfuncProxy(obj, recorder.op(name, "ufunc", "numpy", obj.__name__))
+    else:
+        p = FunctionProxy(obj, recorder.op(name, kind, "numpy"))
+    _proxies[id(obj)] = p
+    return p
+
+
+def patch_module(mod: types.ModuleType) -> int:
+    """Replace the public callables of one module by proxies; return how many."""
+    public = MODULES[mod.__name__]
+    n = 0
+    for attr, obj in list(vars(mod).items()):
+        if attr.startswith("_") or attr in SKIP or isinstance(obj, FunctionProxy):
+            continue
+        p = _proxy_for(obj, public, attr)
+        if p is None:
+            continue
+        setattr(mod, attr, p)
+        _patched.append((mod, attr, obj))
+        n += 1
+    return n
+
+
+def _on_import(mod: types.ModuleType) -> None:
+    if not _installed or getattr(mod, "__pprobe_patched__", False):
+        return
+    from .. import _report
+
+    try:
+        patch_module(mod)
+        mod.__pprobe_patched__ = True  # type: ignore[attr-defined]
+    except Exception as e:  # never break the user's import
+        _report.internal_error(f"patching {mod.__name__}", e)
+
+
+_hooks_registered = False
+
+
+def install() -> dict[str, Any]:
+    """Patch numpy now and its submodules as they are imported. Returns coverage facts."""
+    global _installed, _hooks_registered
+    numpy_arrays.register()
+    recorder.add_internal_path(np.__file__)
+    _installed = True
+    if not _hooks_registered:
+        _hooks_registered = True
+        for name in MODULES:
+            # Fires at once for modules already imported, later for lazy ones.
+            wrapt.register_post_import_hook(_on_import, name)
+    else:
+        for name in MODULES:
+            if name in sys.modules:
+                _on_import(sys.modules[name])
+    return {"numpy": {"namespace_functions": len(_patched), "numpy_version": np.__version__}}
+
+
+def uninstall() -> None:
+    """Put every original object back where it was."""
+    global _installed
+    _installed = False
+    for mod, attr, orig in reversed(_patched):
+        if getattr(mod, attr, None) is _proxies.get(id(orig)):
+            setattr(mod, attr, orig)
+        try:
+            del mod.__pprobe_patched__  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    _patched.clear()
+
+
+def patched_count() -> int:
+    return len(_patched)

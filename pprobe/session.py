@@ -1,0 +1,226 @@
+"""The probe's lifecycle in one process: start, fork, exit, stop.
+
+A :class:`Session` owns the run folder, the dump budget, the log writer and the installed
+interceptors. Interceptors are installed by post-import hooks when the program imports their
+framework, never before (start-up imports neither numpy nor torch).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import sys
+from typing import Any
+
+from . import _report, recorder, state
+from .config import Config
+
+#: framework module -> interceptor module (install() / uninstall()).
+INTERCEPTORS = {
+    "numpy": "pprobe.interceptors.numpy_namespace",
+    "torch": "pprobe.interceptors.torch_api",
+}
+
+_process_hooks_done = False
+_orig_exit = os._exit
+_orig_sys_exit = sys.exit
+
+
+class Session:
+    active: Session | None = None
+
+    def __init__(self, config: Config) -> None:
+        from .dumps import Dumper
+        from .run import Run
+        from .writer import Writer
+
+        self.config = config
+        self.run = Run.create_or_join(config)
+        self.config = config = self.run.config if not self.run.root else config
+        self.dumper = Dumper(self.run.dir, config.budget) if config.mode == "dump" else None
+        self.writer = Writer(
+            self.run.dir, self.run.id, self.run.host, config.flush_rows, config.flush_seconds
+        )
+        self.installed: dict[str, Any] = {}
+        self.exit_code: Any = None
+        self.stopped = False
+
+    # ------------------------------------------------------------------ start / stop
+    @classmethod
+    def start(cls, config: Config) -> Session:
+        if cls.active is not None:
+            cls.active.stop()
+        s = cls(config)
+        cls.active = s
+        if os.environ.get("RANK", "").isdigit():
+            state.rank = int(os.environ["RANK"])
+        if os.environ.get("WORLD_SIZE", "").isdigit():
+            state.world_size = int(os.environ["WORLD_SIZE"])
+        s.writer.start()
+        recorder.configure(s.config, s.dumper, s.writer.wake)
+        _report._listeners[:] = [s.write_meta]
+        _install_process_hooks()
+        s.run.coverage["frameworks"] = {}
+        for fw in s.config.frameworks:
+            s._watch(fw)
+        s.write_meta()
+        return s
+
+    def _watch(self, framework: str) -> None:
+        if framework in sys.modules:
+            self._install(framework)
+        else:
+            import wrapt
+
+            wrapt.register_post_import_hook(_make_hook(framework), framework)
+
+    def _install(self, framework: str) -> None:
+        if framework in self.installed or self.stopped:
+            return
+        try:
+            mod = importlib.import_module(INTERCEPTORS[framework])
+            self.installed[framework] = mod
+            facts = mod.install()
+            self.run.coverage["frameworks"][framework] = facts or {}
+            self.run.coverage.update({k: v for k, v in (facts or {}).items() if k == "coverage"})
+            self.write_meta()
+        except ModuleNotFoundError as e:
+            if e.name != INTERCEPTORS[framework]:
+                _report.internal_error(f"installing the {framework} probe", e)
+        except Exception as e:
+            _report.internal_error(f"installing the {framework} probe", e)
+
+    def stop(self, exiting: bool = False) -> None:
+        """Uninstall the interceptors, flush the log and write the final metadata."""
+        if self.stopped:
+            return
+        self.stopped = True
+        recorder.deactivate()
+        if not exiting:
+            for fw, mod in list(self.installed.items()):
+                try:
+                    mod.uninstall()
+                except Exception as e:
+                    _report.internal_error(f"uninstalling the {fw} probe", e)
+            self.installed.clear()
+        self.writer.close()
+        import time
+
+        self.run.end = time.time()
+        self.run.exit = self._exit_status() if exiting else {"status": "disabled"}
+        self.write_meta()
+        if Session.active is self:
+            Session.active = None
+
+    def _exit_status(self) -> dict[str, Any]:
+        last = getattr(sys, "last_value", None)
+        if last is not None:
+            return {
+                "status": "exception",
+                "code": 1,
+                "exception": type(last).__name__,
+                "message": str(last)[:500],
+            }
+        code = self.exit_code
+        if code is None or code == 0:
+            return {"status": "ok", "code": 0}
+        return {
+            "status": "exited",
+            "code": code if isinstance(code, int) else 1,
+            "message": None if isinstance(code, int) else str(code),
+        }
+
+    def write_meta(self) -> None:
+        try:
+            self.run.write_meta(self.dumper, self.writer)
+        except Exception as e:
+            if not self.run.extra.get("meta_failed"):
+                self.run.extra["meta_failed"] = True
+                _report.internal_error("writing meta.json", e)
+
+    # ------------------------------------------------------------------ processes
+    def after_fork_child(self) -> None:
+        state.reset_after_fork()
+        recorder.after_fork()
+        self.run.after_fork()
+        if self.dumper is not None:
+            self.dumper.after_fork()
+        self.writer.after_fork_child()
+        recorder.configure(self.config, self.dumper, self.writer.wake)
+        self.write_meta()
+
+
+def _make_hook(framework: str) -> Any:
+    def hook(module: Any) -> None:
+        # A post-import hook that raises would make the user's import fail: guard everything.
+        try:
+            s = Session.active
+            if s is not None and framework in s.config.frameworks:
+                s._install(framework)
+        except Exception as e:
+            _report.internal_error(f"import hook for {framework}", e)
+
+    return hook
+
+
+def _install_process_hooks() -> None:
+    """atexit, fork and os._exit handling; installed once per process."""
+    global _process_hooks_done
+    if _process_hooks_done:
+        return
+    _process_hooks_done = True
+    atexit.register(_at_exit)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
+    )
+    os._exit = _exit_wrapper  # type: ignore[assignment]  # forked workers end with os._exit
+    sys.exit = _sys_exit_wrapper  # type: ignore[assignment]
+
+
+def _at_exit() -> None:
+    s = Session.active
+    if s is not None:
+        try:
+            s.stop(exiting=True)
+        except Exception as e:
+            _report.internal_error("exit", e)
+
+
+def _exit_wrapper(code: int) -> None:
+    s = Session.active
+    if s is not None:
+        try:
+            s.exit_code = code
+            s.stop(exiting=True)
+        except BaseException:
+            pass
+    _orig_exit(code)
+
+
+def _sys_exit_wrapper(code: Any = None) -> None:
+    s = Session.active
+    if s is not None:
+        s.exit_code = code
+    _orig_sys_exit(code)
+
+
+def _before_fork() -> None:
+    s = Session.active
+    if s is not None:
+        s.writer.before_fork()
+
+
+def _after_fork_parent() -> None:
+    s = Session.active
+    if s is not None:
+        s.writer.after_fork_parent()
+
+
+def _after_fork_child() -> None:
+    s = Session.active
+    if s is not None:
+        try:
+            s.after_fork_child()
+        except Exception as e:
+            _report.internal_error("fork", e)
