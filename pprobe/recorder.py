@@ -27,7 +27,7 @@ from .state import INTERNAL
 
 #: Raw rows waiting for the writer. deque.append/popleft are atomic: no lock, no lost row.
 #: (seq, op, t0, t1, thread ident, step, depth, parent, caller code, caller line, status,
-#:  tensor descs, other args, module path)
+#:  tensor descs, other args, module path, phase)
 rows: deque = deque()
 
 _local = state.local
@@ -232,6 +232,7 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
                 ins,
                 others,
                 loc.module,
+                loc.phase,
             )
         )
         raise
@@ -262,6 +263,7 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
                 ins,
                 others,
                 loc.module,
+                loc.phase,
             )
         )
         if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:

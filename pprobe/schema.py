@@ -28,6 +28,7 @@ OPS = pa.schema(
         ("caller", pa.string()),
         ("caller_function", pa.string()),
         ("module_path", pa.string()),
+        ("phase", pa.string()),
         ("step", pa.int64()),
         ("depth", pa.int32()),
         ("parent", pa.int64()),

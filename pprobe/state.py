@@ -14,6 +14,7 @@ class _Local(threading.local):
     depth = 0  # number of recorded calls this thread is inside
     parent = -1  # seq of the innermost recorded call, -1 at top level
     module = None  # innermost nn.Module path (set by the torch interceptor)
+    phase = None  # "forward" / "backward" where a framework tells (torch aten level)
 
 
 local = _Local()

@@ -163,6 +163,7 @@ class Writer:
             [c[0] for c in callers],
             [c[1] for c in callers],
             [r[13] for r in batch],
+            [r[14] for r in batch],
             [r[5] for r in batch],
             [r[6] for r in batch],
             [r[7] if r[7] >= 0 else None for r in batch],
