@@ -54,15 +54,37 @@ def step(n: int | None = None) -> int:
     """Advance the training step (or set it to ``n``); rows carry the step they ran in."""
     from . import recorder, state
 
+    state.manual_step = True  # the program counts its steps: optimizer hooks stop counting
     recorder.set_step(state.step + 1 if n is None else int(n))
     return state.step
 
 
-def load(path: str) -> Any:
-    """Load a dump written by pprobe as the array it was (see docs/output.md)."""
+def load(path: str, torch: bool | None = None) -> Any:
+    """Load a dump written by pprobe as the array it was (see docs/output.md).
+
+    A dump of a dtype NumPy lacks (``op_..._{pid}-{seq}.bfloat16.npy``: raw bits, the true
+    dtype in the name) comes back as the identical torch tensor. ``torch=True`` returns a
+    torch tensor for any dump, ``torch=False`` the NumPy array as stored.
+    """
+    import os
+
     import numpy as np
 
-    return np.load(path, allow_pickle=False)
+    arr = np.load(path, allow_pickle=False)
+    stem = os.path.basename(path)
+    stem = stem[:-4] if stem.endswith(".npy") else stem
+    head, _, tag = stem.rpartition(".")
+    tagged = bool(head) and tag.replace("_", "").isalnum() and "-" in head.rsplit("_", 1)[-1]
+    if torch is False or (torch is None and not tagged):
+        return arr
+    import torch as _torch
+
+    t = _torch.from_numpy(arr)
+    if tagged:
+        dt = getattr(_torch, tag, None)
+        if isinstance(dt, _torch.dtype):
+            t = t.view(dt)
+    return t
 
 
 def active_run_dir() -> str | None:

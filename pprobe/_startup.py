@@ -58,7 +58,14 @@ def _initialize(source: str) -> bool:
         strict = os.environ.get("PPROBE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
         if strict:
             sys.stderr.write(f"pprobe: configuration error: {e}. PPROBE_STRICT=1: stopping.\n")
-            raise SystemExit(2) from None
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            # Not SystemExit: raised while ``site`` imports sitecustomize it becomes "Fatal
+            # Python error: init_import_site" with a traceback and exit status 1.
+            os._exit(2)
         sys.stderr.write(
             f"pprobe: configuration error: {e}. The program runs without pprobe "
             "(PPROBE_STRICT=1 makes this fatal).\n"
@@ -68,7 +75,14 @@ def _initialize(source: str) -> bool:
         return False
     from .session import Session
 
-    Session.start(cfg)
+    try:
+        Session.start(cfg)
+    except OSError as e:  # the run folder cannot be made: say so in one line, run unprobed
+        sys.stderr.write(
+            f"pprobe: cannot write the run folder under {os.path.abspath(cfg.output)!r} "
+            f"(PPROBE_OUTPUT): {e.strerror or e}. The program runs without pprobe.\n"
+        )
+        return False
     return True
 
 

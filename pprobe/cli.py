@@ -49,7 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     for opt, env in _RUN_OPTIONS.items():
         r.add_argument(f"--{opt}", help=f"sets {env}")
     r.add_argument("--nested", action="store_true", help="sets PPROBE_NESTED=1")
-    r.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
+    # Not dest="command": that is the sub-command's own dest and would be overwritten.
+    r.add_argument(
+        "program", nargs=argparse.REMAINDER, metavar="command", help="-- program and its arguments"
+    )
 
     q = sub.add_parser("query", help="run SQL over a run's log (views: ops, tensors)")
     q.add_argument("sql")
@@ -91,7 +94,7 @@ def _stop_probing_self() -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    cmd = list(args.command)
+    cmd = list(args.program)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:

@@ -23,6 +23,7 @@ MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
+TORCH_PARAMS = ("params", "grads")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -63,6 +64,18 @@ def _choices(allowed: tuple[str, ...]) -> Callable[[str, Any], tuple[str, ...]]:
                 f"{', '.join(allowed)}"
             )
         return tuple(dict.fromkeys(items))
+
+    return parse
+
+
+def _subset(allowed: tuple[str, ...]) -> Callable[[str, Any], tuple[str, ...]]:
+    """Like :func:`_choices`, but the empty list is allowed (nothing chosen)."""
+
+    def parse(name: str, v: Any) -> tuple[str, ...]:
+        items = _list(name, v)
+        if not items:
+            return ()
+        return _choices(allowed)(name, v)
 
     return parse
 
@@ -261,6 +274,15 @@ SETTINGS: tuple[Setting, ...] = (
         "included), module (one row per nn.Module call).",
     ),
     Setting(
+        "torch_params",
+        "PPROBE_TORCH_PARAMS",
+        (),
+        _subset(TORCH_PARAMS),
+        "PyTorch parameters and gradients: params (each module row also describes the "
+        "module's own parameters; needs the module level), grads (one row per parameter "
+        "gradient as backward accumulates it). Empty: neither.",
+    ),
+    Setting(
         "sync",
         "PPROBE_SYNC",
         False,
@@ -316,6 +338,7 @@ class Config:
     frameworks: tuple[str, ...] = FRAMEWORKS
     coverage: str = "auto"
     torch_levels: tuple[str, ...] = ("api",)
+    torch_params: tuple[str, ...] = ()
     sync: bool = False
     flush_rows: int = 16384
     flush_seconds: float = 1.0
@@ -331,7 +354,7 @@ class Config:
     def from_json(cls, d: dict[str, Any]) -> Config:
         d = dict(d)
         d["steps"] = tuple(tuple(s) for s in d.get("steps", ()))
-        for k in ("include", "exclude", "dtypes", "frameworks", "torch_levels"):
+        for k in ("include", "exclude", "dtypes", "frameworks", "torch_levels", "torch_params"):
             if k in d:
                 d[k] = tuple(d[k])
         names = {f.name for f in dataclasses.fields(cls)}

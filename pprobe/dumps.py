@@ -117,10 +117,12 @@ class Dumper:
         return name, None
 
     def summary(self) -> dict[str, Any]:
+        # The budget is the run's: another process of the run may have used it up.
+        exhausted = self.exhausted or os.path.exists(os.path.join(self.budget_dir, "exhausted"))
         return {
             "budget": self.budget,
             "bytes_written": self.used,
             "files": self.files,
-            "exhausted": self.exhausted,
+            "exhausted": exhausted,
             "failed": self.failed,
         }

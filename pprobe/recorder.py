@@ -26,7 +26,7 @@ from . import _report, state, values
 from .state import INTERNAL
 
 #: Raw rows waiting for the writer. deque.append/popleft are atomic: no lock, no lost row.
-#: (seq, op, t0, t1, thread ident, step, depth, parent, caller code, caller line, status,
+#: (seq, op index, t0, t1, thread ident, step, depth, parent, call-site index, status,
 #:  tensor descs, other args, module path, phase)
 rows: deque = deque()
 
@@ -48,10 +48,14 @@ _pid = os.getpid()
 MODES = {"log": 0, "stats": 1, "dump": 2}
 
 
+ops_by_index: list[Op] = []
+
+
 class Op:
     """One recordable callable: its name, kind and whether/when it is captured."""
 
     __slots__ = (
+        "index",
         "name",
         "kind",
         "framework",
@@ -65,6 +69,8 @@ class Op:
     )
 
     def __init__(self, name: str, kind: str, framework: str, ufunc: str | None = None) -> None:
+        self.index = len(ops_by_index)
+        ops_by_index.append(self)
         self.name = name
         self.kind = kind
         self.framework = framework
@@ -125,6 +131,11 @@ def refresh_active() -> None:
     _active = _cfg is not None and _cfg.enabled and _cfg.step_selected(state.step)
 
 
+def current_config() -> Any:
+    """The running session's config (None when off)."""
+    return _cfg
+
+
 def deactivate() -> None:
     global _active, _cfg
     _active = False
@@ -144,64 +155,124 @@ def set_step(n: int) -> None:
 
 
 # ---------------------------------------------------------------------- callers
-_internal_code: dict[Any, bool] = {}
-_internal_prefixes: list[str] = [os.path.dirname(os.path.abspath(__file__)) + os.sep]
+_internal_code: dict[Any, Any] = {}
+#: (folder prefix, owner): frames from these files are never the caller. ``owner`` is the
+#: framework whose own code it is ("numpy", "torch"), or True for pprobe and its helpers.
+_internal_prefixes: list[tuple[str, Any]] = [
+    (os.path.dirname(os.path.abspath(__file__)) + os.sep, True)
+]
 
 
-def add_internal_path(path: str) -> None:
-    """Frames from files under ``path`` are never reported as the caller (numpy, torch)."""
+def add_internal_path(path: str, owner: Any = True) -> None:
+    """Frames from the folder of ``path`` are never reported as the caller.
+
+    With ``owner`` a framework name, a call of that framework's op made directly by that
+    framework's own code (NumPy's array printing calling ``np.max``, say) is the framework's
+    business, not the program's op: it is not a row and what it calls is hidden.
+    """
     p = os.path.dirname(os.path.abspath(path)) + os.sep
-    if p not in _internal_prefixes:
-        _internal_prefixes.append(p)
+    if all(p != q for q, _ in _internal_prefixes):
+        _internal_prefixes.append((p, owner))
         _internal_code.clear()
 
 
-def _is_internal(code: Any) -> bool:
+_IMPORT_FRAME: Any = object()  # truthy: an internal frame of the import machinery
+
+
+def _is_internal(code: Any) -> Any:
     r = _internal_code.get(code)
     if r is None:
         fn = code.co_filename
-        r = _internal_code[code] = fn.startswith(tuple(_internal_prefixes)) or (
-            fn.startswith("<frozen") or fn.startswith("<__array_function__")
-        )
+        if fn.startswith("<frozen importlib"):
+            r = _IMPORT_FRAME
+        else:
+            r = next((owner for p, owner in _internal_prefixes if fn.startswith(p)), False)
+            if r is False and fn.startswith("<"):
+                r = True
+        _internal_code[code] = r
     return r
 
 
-def _caller() -> tuple[Any, int]:
+_NOT_A_ROW = object()
+#: Call sites (code, line) by small int: rows keep ints, so the garbage collector can untrack
+#: them (a deque of rows holding code objects made every collection walk them all).
+sites: list[tuple[Any, int]] = []
+_site_ids: dict[tuple[Any, int], int] = {}
+
+
+def _caller(framework: str = "") -> Any:
+    """The call site: index in :data:`sites` of the first frame outside pprobe and frameworks.
+
+    Returns -1 when there is none, or _NOT_A_ROW when the call is not the program's op: it
+    comes from a framework's module body while it is being imported (the import machinery is
+    met before any user frame), or ``framework``'s own code called it directly.
+    """
     f: Any = _getframe(2)
+    first = True
     while f is not None:
         code = f.f_code
         r = _internal_code.get(code)
         if r is None:
             r = _is_internal(code)
         if not r:
-            return code, f.f_lineno
+            key = (code, f.f_lineno)
+            k = _site_ids.get(key)
+            if k is None:
+                k = _site_ids[key] = len(sites)
+                sites.append(key)
+            return k
+        if r is not True:
+            if r is _IMPORT_FRAME or (first and r == framework):
+                return _NOT_A_ROW
+            first = False
         f = f.f_back
-    return None, 0
+    return -1
 
 
 # ---------------------------------------------------------------------- the hot path
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run ``fn(*args, **kwargs)``, recording it as a call of ``op`` when it is captured."""
     depth = _local.depth
-    if (depth and (depth >= INTERNAL or not _nested)) or not _active or not op.selected:
+    if (depth and (depth >= INTERNAL or not _nested)) or not _active:
         return fn(*args, **kwargs)
-    if op.sampled and not op.take():
-        return fn(*args, **kwargs)
+    if not op.selected or (op.sampled and not op.take()):
+        return hidden(fn, args, kwargs)
     return _record(op, fn, args, kwargs, depth)
+
+
+def hidden(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run a call that is not recorded, and hide the calls it makes (they are its insides)."""
+    loc = _local
+    depth = loc.depth
+    loc.depth = depth + 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        loc.depth = depth
 
 
 def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     loc = _local
+    loc.depth = INTERNAL
     try:
-        loc.depth = INTERNAL
-        seq = next(state.seq)
         arrays, others = values.collect(args, kwargs)
         if _dtypes and arrays and not _dtype_match(arrays):
             loc.depth = depth
             return fn(*args, **kwargs)
-        prefix = f"{_pid}-{seq}" if _mode == 2 else ""
-        ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
-        code, line = _caller()
+        # Before the seq and the inputs' dumps: a call that is not a row takes no seq and
+        # leaves no .npy behind.
+        # Nested calls (PPROBE_NESTED) are the framework's own calls by nature: keep them.
+        code = _caller("" if depth else op.framework)
+        if code is _NOT_A_ROW:
+            loc.depth = depth
+            return hidden(fn, args, kwargs)
+        seq = next(state.seq)
+        if _mode:
+            prefix = f"{_pid}-{seq}" if _mode == 2 else ""
+            ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
+        else:
+            prefix = ""
+            ins = [h.light("input", idx, x) for idx, x, h in arrays]
     except Exception as e:  # pprobe's own failure: never the user's problem
         loc.depth = depth
         _report.internal_error("recording inputs", e)
@@ -216,56 +287,29 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         t1 = perf_counter_ns()
         loc.depth = depth
         loc.parent = parent
-        rows.append(
-            (
-                seq,
-                op,
-                t0,
-                t1,
-                _get_ident(),
-                state.step,
-                depth,
-                parent,
-                code,
-                line,
-                type(e).__name__,
-                ins,
-                others,
-                loc.module,
-                loc.phase,
-            )
-        )
+        rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
+                     type(e).__name__, tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
         raise
     t1 = perf_counter_ns()
     loc.parent = parent
+    if result is NotImplemented:  # an operator deferring to the other operand: not an op
+        loc.depth = depth
+        return result
+    loc.depth = INTERNAL
     try:
-        loc.depth = INTERNAL
         outs = values.outputs(result)
-        if _dtypes and not arrays and outs and not _dtype_match(outs):
-            return result
         if outs:
-            many = len(outs) > 1
-            for idx, x, h in outs:
-                ins.append(_describe(op, "output", idx, x, h, prefix, many))
-        rows.append(
-            (
-                seq,
-                op,
-                t0,
-                t1,
-                _get_ident(),
-                state.step,
-                depth,
-                parent,
-                code,
-                line,
-                "ok",
-                ins,
-                others,
-                loc.module,
-                loc.phase,
-            )
-        )
+            if _dtypes and not arrays and not _dtype_match(outs):
+                return result
+            if _mode:
+                many = len(outs) > 1
+                for idx, x, h in outs:
+                    ins.append(_describe(op, "output", idx, x, h, prefix, many))
+            else:
+                for idx, x, h in outs:
+                    ins.append(h.light("output", idx, x))
+        rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
+                     "ok", tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
         if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
             _wake()
     except Exception as e:
@@ -273,6 +317,30 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     finally:
         loc.depth = depth
     return result
+
+
+def append_row(
+    seq: int,
+    op: Op,
+    t0: int,
+    t1: int,
+    depth: int,
+    parent: int,
+    site: Any,
+    status: str,
+    descs: list,
+    others: list,
+    module: str | None,
+    phase: str | None,
+) -> None:
+    """Append a row recorded without :func:`call` (torch module and gradient rows), in the
+    layout of :data:`rows`. ``site`` comes from :func:`_caller`."""
+    if site is _NOT_A_ROW:
+        site = -1
+    rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site, status,
+                 tuple(descs), tuple(others), module, phase))  # fmt: skip
+    if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
+        _wake()
 
 
 def _dtype_match(arrays: list) -> bool:
@@ -291,16 +359,27 @@ def _describe(
         return (role, idx, shape, dtype, device, grad, None, None, None)
     if role == "input" and idx == "out":
         return (role, idx, shape, dtype, device, grad, None, None, "out= buffer")
+    path = note = None
     try:
         st = h.stats(x)
     except Exception as e:
         _report.internal_error(f"statistics ({type(x).__name__})", e)
         st = None
-    path = note = None
+    if st.__class__ is str:  # the reason there are no statistics
+        note, st = st, None
     if _mode == 2:
-        arr, note = h.dumpable(x)
+        arr, note2 = h.dumpable(x)
+        note = note2 or note
         if arr is not None:
-            which = f"input{idx}" if role == "input" else (f"output{idx}" if many else "output")
-            path, note2 = _dumper.dump(arr, op.name, which, prefix)
+            if role == "input":
+                which = f"input{idx}"
+            elif role == "output":
+                which = f"output{idx}" if many else "output"
+            else:  # torch module rows: "param" / "grad", idx = the parameter's name
+                which = f"{role}_{idx}"
+            if isinstance(arr, values.Dumpable):  # dtype-tagged name, deferred device copy
+                path, note2 = arr.pprobe_dump(_dumper, op.name, which, prefix)
+            else:
+                path, note2 = _dumper.dump(arr, op.name, which, prefix)
             note = note2 or note
     return (role, idx, shape, dtype, device, grad, st, path, note)

@@ -49,8 +49,10 @@ class Run:
     @classmethod
     def create_or_join(cls, config: Config) -> Run:
         inherited = os.environ.get(RESOLVED_ENV)
-        if inherited:
-            d = json.loads(inherited)
+        d = json.loads(inherited) if inherited else None
+        # Join only as a child process. In the process that made the run (pprobe.enable()
+        # again after disable()), joining would reopen and truncate this pid's log shard.
+        if d is not None and d.get("root_pid") != os.getpid():
             run = cls(Config.from_json(d["config"]), d["run_dir"], d["run_id"], root=False)
             os.makedirs(os.path.join(run.dir, "procs"), exist_ok=True)
             return run

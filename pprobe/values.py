@@ -22,13 +22,52 @@ class ArrayHandler(Protocol):
     def meta(self, x: Any) -> tuple[tuple[int, ...], Any, str | None, bool | None]:
         """Shape, dtype (any object whose str() is the name), device, requires_grad."""
 
+    def light(self, role: str, idx: str, x: Any) -> tuple:
+        """The log-mode description: (role, idx, shape, dtype, device, requires_grad,
+        None, None, None). Must be cheap and must not synchronise an accelerator."""
+
     def dtype_name(self, x: Any) -> str: ...
 
-    def stats(self, x: Any) -> tuple | None:
-        """(min, max, mean, std, nan_count, inf_count), or None when not numeric."""
+    def stats(self, x: Any) -> Any:
+        """(min, max, mean, std, nan_count, inf_count), None when not numeric, a :class:`Lazy`
+        resolving to that tuple, or a str: why there are none (goes to the row's note)."""
 
     def dumpable(self, x: Any) -> tuple[Any, str | None]:
-        """(numpy array to save, note) or (None, reason it cannot be saved)."""
+        """(numpy array or :class:`Dumpable` to save, note) or (None, reason it is not)."""
+
+
+class Lazy:
+    """A value still being computed (statistics on an accelerator, a dump being copied off
+    it): a handler may put one where a tensor description has its stats or dump path; the
+    writer thread calls :meth:`resolve` before it builds the row (stats: the tuple; dump
+    path: (path, note))."""
+
+    __slots__ = ()
+
+    def resolve(self) -> Any:
+        raise NotImplementedError
+
+
+class Dumpable:
+    """What a handler's ``dumpable()`` may return instead of a NumPy array: an object that
+    saves itself (a dtype tag in the file name, a deferred device copy) and returns
+    (path or :class:`Lazy`, note)."""
+
+    __slots__ = ()
+
+    def pprobe_dump(self, dumper: Any, op: str, which: str, prefix: str) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+
+def resolve(v: Any, where: str) -> Any:
+    """``v.resolve()``, or None after reporting the failure (called by the writer)."""
+    try:
+        return v.resolve()
+    except Exception as e:
+        from . import _report
+
+        _report.internal_error(where, e)
+        return None
 
 
 class Text(str):
@@ -96,15 +135,28 @@ def kind_of(tp: type) -> Any:
     return k
 
 
+_IDX = tuple(str(i) for i in range(64))
+
+
 def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
     """Split arguments into arrays [(idx, x, handler)] and other values [(idx, value)]."""
     arrays: list = []
     others: list = []
-    for i, a in enumerate(args):
-        _one(str(i), a, arrays, others)
+    get = _kinds.get
+    i = 0
+    for a in args:
+        tp = type(a)
+        k = get(tp) or kind_of(tp)
+        if k is _SCALAR:
+            others.append((_IDX[i] if i < 64 else str(i), a))
+        elif k is _SEQ or k is _OTHER:
+            _one(_IDX[i] if i < 64 else str(i), a, arrays, others)
+        else:
+            arrays.append((_IDX[i] if i < 64 else str(i), a, k))
+        i += 1
     if kwargs:
-        for k, a in kwargs.items():
-            _one(k, a, arrays, others)
+        for name, a in kwargs.items():
+            _one(name, a, arrays, others)
     return arrays, others
 
 
@@ -147,7 +199,7 @@ def outputs(result: Any) -> list:
             if ke is not _SCALAR and ke is not _SEQ and ke is not _OTHER:
                 out.append((str(j), e, ke))
         return out
-    return [("0", result, k)]
+    return [("0", result, k)]  # type: ignore[list-item]
 
 
 def _safe_repr(v: Any) -> str:

@@ -47,7 +47,7 @@ class Writer:
         self.sinks: dict[str, Any] = {}
         self.thread: threading.Thread | None = None
         self._dtype_names: dict[Any, str] = {}
-        self._callers: dict[Any, tuple[str, str]] = {}
+        self._callers: dict[int, tuple[str | None, str | None]] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -144,7 +144,10 @@ class Writer:
         names = {t.ident: t.name for t in threading.enumerate()}
         epoch0 = self.epoch0
         n = len(batch)
-        callers = [self._caller(r[8], r[9]) for r in batch]
+        opsx = recorder.ops_by_index
+        ops_of = [opsx[r[1]] for r in batch]
+        callers = [self._caller(r[8]) for r in batch]
+        fmt = values.format_value
         ops_cols = [
             [self.run_id] * n,
             [self.host] * n,
@@ -152,25 +155,22 @@ class Writer:
             [state.rank] * n,
             [state.world_size] * n,
             [r[0] for r in batch],
-            [names.get(r[4]) or str(r[4]) for r in batch],
+            [names.get(r[4]) or state.thread_names.get(r[4]) or str(r[4]) for r in batch],
             [r[2] + epoch0 for r in batch],
             [r[3] - r[2] for r in batch],
-            [r[1].framework for r in batch],
-            [r[1].name for r in batch],
-            [r[1].kind for r in batch],
-            [r[1].ufunc for r in batch],
-            [r[10] for r in batch],
+            [o.framework for o in ops_of],
+            [o.name for o in ops_of],
+            [o.kind for o in ops_of],
+            [o.ufunc for o in ops_of],
+            [r[9] for r in batch],
             [c[0] for c in callers],
             [c[1] for c in callers],
+            [r[12] for r in batch],
             [r[13] for r in batch],
-            [r[14] for r in batch],
             [r[5] for r in batch],
             [r[6] for r in batch],
             [r[7] if r[7] >= 0 else None for r in batch],
-            [
-                ", ".join(f"{k}={values.format_value(v)}" for k, v in r[12]) if r[12] else None
-                for r in batch
-            ],
+            [", ".join(f"{k}={fmt(v)}" for k, v in r[11]) if r[11] else None for r in batch],
         ]
         ops = pa.RecordBatch.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(ops_cols, schema.OPS)],
@@ -180,11 +180,16 @@ class Writer:
         dnames = self._dtype_names
         for r in batch:
             seq = r[0]
-            for d in r[11]:
+            for d in r[10]:
                 role, idx, shape, dtype, device, grad, st, path, note = d
                 dn = dnames.get(dtype)
                 if dn is None:
                     dn = dnames[dtype] = str(dtype)
+                if st is not None and st.__class__ is not tuple:  # values.Lazy (CUDA stats)
+                    st = values.resolve(st, "device statistics")
+                if path is not None and path.__class__ is not str:  # values.Lazy (CUDA dump)
+                    path, note2 = values.resolve(path, "deferred dump") or (None, "not dumped")
+                    note = note2 or note
                 st = st or (None, None, None, None, None, None)
                 for col, v in zip(
                     t_cols,
@@ -215,10 +220,13 @@ class Writer:
         )
         return ops, tensors
 
-    def _caller(self, code: Any, line: int) -> tuple[str | None, str | None]:
-        if code is None:
-            return None, None
-        c = self._callers.get(code)
+    def _caller(self, site: int) -> tuple[str | None, str | None]:
+        c = self._callers.get(site)
         if c is None:
-            c = self._callers[code] = (code.co_filename, getattr(code, "co_qualname", code.co_name))
-        return f"{c[0]}:{line}", c[1]
+            if site < 0:
+                c = (None, None)
+            else:
+                code, line = recorder.sites[site]
+                c = (f"{code.co_filename}:{line}", getattr(code, "co_qualname", code.co_name))
+            self._callers[site] = c
+        return c

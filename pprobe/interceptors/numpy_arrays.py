@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,9 @@ class NumpyHandler:
     def meta(self, x: Any) -> tuple:
         return x.shape, x.dtype, "cpu", None
 
+    def light(self, role: str, idx: str, x: Any) -> tuple:
+        return (role, idx, x.shape, x.dtype, "cpu", None, None, None, None)
+
     def dtype_name(self, x: Any) -> str:
         return str(x.dtype)
 
@@ -26,7 +30,11 @@ class NumpyHandler:
         if a.dtype.hasobject:
             return None, "object dtype: not dumped (pprobe never pickles)"
         note = None
-        if isinstance(x, np.ma.MaskedArray):
+        # Not np.ma: that attribute imports numpy.ma lazily, and while numpy.ma's own module
+        # body runs (calling np.* functions we record) it recurses without end. A masked array
+        # exists only once numpy.ma.core has defined the class.
+        ma = sys.modules.get("numpy.ma.core")
+        if ma is not None and isinstance(x, getattr(ma, "MaskedArray", ())):
             note = "masked array: data saved, mask not saved"
         return a, note
 

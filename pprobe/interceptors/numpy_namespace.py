@@ -16,6 +16,8 @@ when the program imports them. :func:`uninstall` puts every original back.
 
 from __future__ import annotations
 
+import copyreg
+import importlib
 import sys
 import types
 from typing import Any
@@ -24,9 +26,10 @@ import numpy as np
 import wrapt
 
 from .. import recorder
-from . import numpy_arrays
+from . import numpy_arrays, numpy_ndarray
 
 _call = recorder.call
+_hidden = recorder.hidden
 
 #: Public module -> the name its functions are reported under.
 MODULES = {
@@ -41,8 +44,9 @@ MODULES = {
     "numpy.ma": "numpy.ma",
     "numpy.polynomial.polynomial": "numpy.polynomial.polynomial",
 }
-#: Configuration and introspection helpers, not array operations.
-SKIP = frozenset(
+#: Configuration and introspection helpers, not array operations: never rows, and the calls
+#: they make inside are hidden too (default_rng building a SeedSequence is not the program's op).
+HIDDEN = frozenset(
     {
         "seterr",
         "geterr",
@@ -122,11 +126,30 @@ class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __reduce__(self) -> Any:
         return self.__reduce_ex__(2)
 
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # Functions and array-function dispatchers are descriptors: stored on a class
+        # (``class Vec(np.ndarray): total = np.sum``) they bind to the instance. Ufuncs are not.
+        if instance is None or not hasattr(type(self.__wrapped__), "__get__"):
+            return self
+        return types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        # wrapt's default names the proxy ("<FunctionProxy at 0x.. for ufunc>"): printing
+        # np.add, help(np.sum) or a list of functions must show what it showed unprobed.
+        return repr(self.__wrapped__)
+
     def __copy__(self) -> Any:
         return self
 
     def __deepcopy__(self, memo: Any) -> Any:
         return self
+
+
+class HiddenProxy(FunctionProxy):
+    """A helper that is never a row; what it calls inside is hidden too."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _hidden(self.__wrapped__, args, kwargs)
 
 
 class UfuncProxy(FunctionProxy):
@@ -155,6 +178,11 @@ class UfuncProxy(FunctionProxy):
         return _call(self._self_mops["at"], self.__wrapped__.at, args, kwargs)
 
 
+for _m in _UFUNC_METHODS:  # help(np.add.reduce) and inspect.signature as unprobed
+    getattr(UfuncProxy, _m).__doc__ = getattr(np.ufunc, _m).__doc__
+    getattr(UfuncProxy, _m).__wrapped__ = getattr(np.ufunc, _m)
+
+
 # ------------------------------------------------------------------------ patching
 _dispatcher_type = type(np.sum)
 _proxies: dict[int, FunctionProxy] = {}  # id(original) -> proxy
@@ -169,6 +197,8 @@ def _classify(obj: Any) -> str | None:
         return "function"
     if isinstance(obj, types.BuiltinFunctionType):
         return "function"
+    if type(obj).__name__ == "cython_function_or_method":  # numpy.random.default_rng, ...
+        return "function"
     if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
         return "function"
     if isinstance(obj, types.MethodType) and type(obj.__self__).__name__ == "RandomState":
@@ -176,7 +206,7 @@ def _classify(obj: Any) -> str | None:
     return None
 
 
-def _proxy_for(obj: Any, public: str, attr: str) -> FunctionProxy | None:
+def _proxy_for(obj: Any, public: str, attr: str, hidden: bool) -> FunctionProxy | None:
     p = _proxies.get(id(obj))
     if p is not None:
         return p
@@ -184,7 +214,9 @@ def _proxy_for(obj: Any, public: str, attr: str) -> FunctionProxy | None:
     if kind is None:
         return None
     name = f"{public}.{attr}"
-    if kind == "ufunc":
+    if hidden:
+        p = HiddenProxy(obj, recorder.op(name, kind, "numpy"))
+    elif kind == "ufunc":
         p = UfuncProxy(obj, recorder.op(name, "ufunc", "numpy", obj.__name__))
     else:
         p = FunctionProxy(obj, recorder.op(name, kind, "numpy"))
@@ -197,9 +229,13 @@ def patch_module(mod: types.ModuleType) -> int:
     public = MODULES[mod.__name__]
     n = 0
     for attr, obj in list(vars(mod).items()):
-        if attr.startswith("_") or attr in SKIP or isinstance(obj, FunctionProxy):
+        if attr.startswith("_") or isinstance(obj, FunctionProxy):
             continue
-        p = _proxy_for(obj, public, attr)
+        # Aliases (np.concat, np.abs, np.permute_dims) are one object: name its row by the
+        # object's own name where the module exports it, not by whichever alias comes first.
+        canon = getattr(obj, "__name__", None)
+        label = canon if isinstance(canon, str) and vars(mod).get(canon) is obj else attr
+        p = _proxy_for(obj, public, label, hidden=attr in HIDDEN)
         if p is None:
             continue
         setattr(mod, attr, p)
@@ -223,11 +259,62 @@ def _on_import(mod: types.ModuleType) -> None:
 _hooks_registered = False
 
 
+class _ModuleRef:
+    """Pickles as ``importlib.import_module(name)``: lets a reduce value name a module."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> Any:
+        return (importlib.import_module, (self.name,))
+
+
+def _reduce_original(obj: Any) -> Any:
+    """copyreg reducer for the *original* ufuncs and dispatchers while their names hold proxies.
+
+    NumPy hands originals out (exception args such as UFuncTypeError's, ``__array_ufunc__``)
+    and pickles them by name; pickle then refuses them because ``numpy.add`` is now the proxy
+    ("not the same object"), which breaks e.g. multiprocessing sending back an exception.
+    ``getattr(import_module(module), name)`` unpickles anywhere, with or without pprobe.
+    """
+    name = getattr(obj, "__name__", None)
+    module = getattr(obj, "__module__", None) or "numpy"
+    p = _proxies.get(id(obj))
+    if p is not None and name and getattr(sys.modules.get(module), name, None) is p:
+        return (getattr, (_ModuleRef(module), name))
+    saved = _saved_reducers.get(type(obj))
+    return saved(obj) if saved is not None else obj.__reduce__()
+
+
+_saved_reducers: dict[type, Any] = {}
+
+
+def _install_reducers() -> None:
+    for tp in (np.ufunc, _dispatcher_type):
+        if copyreg.dispatch_table.get(tp) is not _reduce_original:
+            _saved_reducers[tp] = copyreg.dispatch_table.get(tp)
+            copyreg.pickle(tp, _reduce_original)
+
+
+def _uninstall_reducers() -> None:
+    for tp, saved in list(_saved_reducers.items()):
+        if copyreg.dispatch_table.get(tp) is _reduce_original:
+            if saved is None:
+                del copyreg.dispatch_table[tp]
+            else:
+                copyreg.dispatch_table[tp] = saved
+    _saved_reducers.clear()
+
+
 def install() -> dict[str, Any]:
     """Patch numpy now and its submodules as they are imported. Returns coverage facts."""
     global _installed, _hooks_registered
     numpy_arrays.register()
-    recorder.add_internal_path(np.__file__)
+    _install_reducers()
+    recorder.add_internal_path(np.__file__, owner="numpy")
+    recorder.add_internal_path(wrapt.__file__)  # its import-hook loader runs module bodies
     _installed = True
     if not _hooks_registered:
         _hooks_registered = True
@@ -238,13 +325,21 @@ def install() -> dict[str, Any]:
         for name in MODULES:
             if name in sys.modules:
                 _on_import(sys.modules[name])
-    return {"numpy": {"namespace_functions": len(_patched), "numpy_version": np.__version__}}
+    cfg = recorder.current_config()
+    facts = numpy_ndarray.install(cfg.coverage if cfg is not None else "auto")
+    return {
+        "coverage": facts.pop("coverage"),
+        "numpy": {"namespace_functions": len(_patched), "numpy_version": np.__version__,
+                  **facts},
+    }  # fmt: skip
 
 
 def uninstall() -> None:
     """Put every original object back where it was."""
     global _installed
     _installed = False
+    numpy_ndarray.uninstall()
+    _uninstall_reducers()
     for mod, attr, orig in reversed(_patched):
         if getattr(mod, attr, None) is _proxies.get(id(orig)):
             setattr(mod, attr, orig)

@@ -1,0 +1,147 @@
+"""Where ndarray's operators and methods are patched: ``a + b``, ``x @ w``, ``a.sum()``, ...
+
+None of these pass through the numpy namespace, and NumPy 2 has no hook for them. With the
+CPython mechanism of :mod:`pprobe._cpython` (checked by its self-test on the running
+interpreter first), ndarray's number and comparison slots are pointed at CPython's generic slot
+functions, which call the Python functions installed here; each calls NumPy's original slot
+wrapper through :func:`pprobe.recorder.call`. Public methods are replaced in ndarray's type
+dict the same way. Rows: kind ``operator`` (op ``numpy.ndarray.__add__``, ``ufunc`` = the
+ufunc it resolves to) and kind ``method`` (op ``numpy.ndarray.sum``).
+
+Where the self-test fails (another CPython, a free-threaded build, PyPy) or
+PPROBE_COVERAGE=namespace, nothing is patched and coverage is ``namespace``.
+:func:`uninstall` restores ndarray exactly (type dict entries and slot pointers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import _cpython, _report, recorder
+
+#: operator dunder -> the ufunc NumPy's slot resolves it to
+OPERATORS = {
+    "add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide",
+    "floordiv": "floor_divide", "mod": "remainder", "pow": "power", "matmul": "matmul",
+    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor", "lshift": "left_shift",
+    "rshift": "right_shift",
+}  # fmt: skip
+UNARY = {"neg": "negative", "pos": "positive", "abs": "absolute", "invert": "invert"}
+COMPARE = {"lt": "less", "le": "less_equal", "eq": "equal", "ne": "not_equal",
+           "gt": "greater", "ge": "greater_equal"}  # fmt: skip
+#: Methods that are not array operations (protocol plumbing); never replaced.
+SKIP_METHODS = frozenset({"__array_namespace__", "__dlpack__", "__dlpack_device__"})
+
+_EMPTY: dict[str, Any] = {}
+_installed = False
+_state: dict[str, Any] = {}
+
+
+def _binary(op: recorder.Op, orig: Any) -> Any:
+    def f(self: Any, other: Any, _op: Any = op, _orig: Any = orig) -> Any:
+        return _call(_op, _orig, (self, other), _EMPTY)
+
+    return f
+
+
+def _power(op: recorder.Op, orig: Any) -> Any:
+    def f(self: Any, other: Any, mod: Any = None, _op: Any = op, _orig: Any = orig) -> Any:
+        return _call(_op, _orig, (self, other) if mod is None else (self, other, mod), _EMPTY)
+
+    return f
+
+
+def _unary(op: recorder.Op, orig: Any) -> Any:
+    def f(self: Any, _op: Any = op, _orig: Any = orig) -> Any:
+        return _call(_op, _orig, (self,), _EMPTY)
+
+    return f
+
+
+def _method(op: recorder.Op, orig: Any) -> Any:
+    def f(self: Any, *args: Any, _op: Any = op, _orig: Any = orig, **kwargs: Any) -> Any:
+        return _call(_op, _orig, (self, *args), kwargs)
+
+    f.__name__ = orig.__name__
+    f.__qualname__ = f"ndarray.{orig.__name__}"
+    f.__doc__ = orig.__doc__
+    f.__wrapped__ = orig  # type: ignore[attr-defined]
+    return f
+
+
+_call = recorder.call
+
+
+def operator_functions() -> dict[str, Any]:
+    """dunder -> recording function, for every operator of the issue's list."""
+    d = np.ndarray.__dict__
+    funcs: dict[str, Any] = {}
+
+    def add(dunder: str, ufunc: str, maker: Any) -> None:
+        op = recorder.op(f"numpy.ndarray.{dunder}", "operator", "numpy", ufunc)
+        funcs[dunder] = maker(op, d[dunder])
+
+    for short, uf in OPERATORS.items():
+        maker = _power if short == "pow" else _binary
+        add(f"__{short}__", uf, maker)
+        add(f"__r{short}__", uf, maker)
+        add(f"__i{short}__", uf, _binary)
+    add("__divmod__", "divmod", _binary)
+    add("__rdivmod__", "divmod", _binary)
+    for short, uf in UNARY.items():
+        add(f"__{short}__", uf, _unary)
+    for short, uf in COMPARE.items():
+        add(f"__{short}__", uf, _binary)
+    return funcs
+
+
+def public_methods() -> dict[str, Any]:
+    out = {}
+    for name, obj in np.ndarray.__dict__.items():
+        if name.startswith("_") or name in SKIP_METHODS:
+            continue
+        if type(obj).__name__ == "method_descriptor":
+            out[name] = obj
+    return out
+
+
+def install(coverage: str) -> dict[str, Any]:
+    """Patch ndarray when ``coverage`` (auto|full|namespace) and the self-test allow it."""
+    global _installed
+    if coverage == "namespace":
+        return {"coverage": "namespace", "reason": "PPROBE_COVERAGE=namespace"}
+    ok, reason = _cpython.selftest()
+    if not ok:
+        _report.warn_once(
+            "coverage",
+            f"operators and ndarray methods are not recorded on this interpreter ({reason}); "
+            "coverage is namespace (np.* calls only).",
+        )
+        return {"coverage": "namespace", "reason": reason}
+    if _installed:
+        return {"coverage": "full"}
+    methods = public_methods()
+    operators = operator_functions()
+    try:
+        _cpython.install_operator_slots(np.ndarray, operators)
+        for name, orig in methods.items():
+            op = recorder.op(f"numpy.ndarray.{name}", "method", "numpy")
+            _cpython.set_type_attr(np.ndarray, name, _method(op, orig))
+    except Exception as e:
+        try:
+            _cpython.restore(np.ndarray)
+        except Exception:
+            pass
+        _report.internal_error("patching ndarray operators", e)
+        return {"coverage": "namespace", "reason": f"{type(e).__name__}: {e}"}
+    _installed = True
+    return {"coverage": "full", "operators": len(operators), "methods": len(methods)}
+
+
+def uninstall() -> None:
+    global _installed
+    if _installed:
+        _cpython.restore(np.ndarray)
+        _installed = False

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs the shipped examples under the probe and prints what the log says about them.
+# Usage: ./run_examples.sh            (installs pprobe's dependencies first if they are missing)
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+
+if ! "$PY" -c "import numpy, wrapt, pyarrow, duckdb" 2>/dev/null; then
+  echo "== installing pprobe and its dependencies (pip install -e .)"
+  "$PY" -m pip install -q -e .
+fi
+
+OUT=${PPROBE_OUTPUT:-np_op_dumps}
+export PPROBE_OUTPUT=$OUT
+unset PPROBE_RESOLVED
+
+echo "== examples/numpy_mlp.py under the probe (dump mode: log + statistics + .npy dumps)"
+PYTHONPATH=bootstrap "$PY" examples/numpy_mlp.py
+echo
+echo "== which ops did it run? (pprobe query)"
+"$PY" -m pprobe query "SELECT op, kind, count(*) AS calls, round(sum(dur_ns)/1e6, 3) AS ms
+                       FROM ops GROUP BY op, kind ORDER BY calls DESC, op LIMIT 15"
+echo
+npys=$(find "$OUT/latest/" -maxdepth 1 -name '*.npy' | sort)
+echo "== dumps in $OUT/latest/: $(echo "$npys" | wc -l) .npy files, e.g."
+echo "$npys" | head -n 3 | sed 's|.*/||' || true
+
+echo
+echo "== examples/nan_loss.py under the probe (stats mode): where does the loss turn NaN?"
+PYTHONPATH=bootstrap PPROBE_MODE=stats "$PY" examples/nan_loss.py | tail -3
+echo
+echo "== the first ops that produced inf or NaN"
+"$PY" -m pprobe query "SELECT o.step, o.seq, o.op, t.role, t.idx, t.nan_count, t.inf_count, o.caller
+                       FROM ops o JOIN tensors t USING (pid, seq)
+                       WHERE t.role = 'output' AND (t.nan_count > 0 OR t.inf_count > 0)
+                       ORDER BY o.seq LIMIT 5"
+
+if "$PY" -c "import torch" 2>/dev/null && [ -f examples/torch_mlp.py ]; then
+  echo
+  echo "== examples/torch_mlp.py under the probe (log mode, module paths, optimizer steps)"
+  PYTHONPATH=bootstrap PPROBE_MODE=log "$PY" examples/torch_mlp.py
+  "$PY" -m pprobe query "SELECT module_path, op, count(*) AS calls FROM ops
+                         WHERE framework = 'torch' GROUP BY ALL ORDER BY calls DESC LIMIT 10"
+else
+  echo
+  echo "== torch is not installed: skipping examples/torch_mlp.py (pip install torch==2.13.0)"
+fi

@@ -1,0 +1,137 @@
+"""Child processes record into their parent's run, each into its own shard: subprocess,
+multiprocessing fork / spawn / forkserver, and forked children that end with os._exit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import meta, ops, run_script, shard_pids
+
+CHILDREN_PROG = """
+    import json, multiprocessing as mp, os, subprocess, sys
+    import numpy as np
+
+    def work(q, tag):
+        np.add(np.arange(3), tag)
+        q.put(os.getpid())
+
+    if __name__ == "__main__":
+        pids = {"parent": os.getpid()}
+        np.negative(np.arange(2))
+        for k, method in enumerate(["fork", "spawn", "forkserver"], 1):
+            ctx = mp.get_context(method)
+            q = ctx.Queue()
+            p = ctx.Process(target=work, args=(q, k))
+            p.start()
+            pids[method] = q.get()
+            p.join()
+            assert p.exitcode == 0
+        out = subprocess.run(
+            [sys.executable, "-c",
+             "import os, numpy as np; np.add(np.arange(3), 4); print(os.getpid())"],
+            check=True, capture_output=True, text=True)
+        pids["subprocess"] = int(out.stdout)
+        pid = os.fork()
+        if pid == 0:
+            np.add(np.arange(3), 5)    # rows still buffered (flush every second) ...
+            os._exit(0)                # ... and no atexit in a forked child
+        os.waitpid(pid, 0)
+        pids["os._exit"] = pid
+        print(json.dumps(pids))
+"""
+
+
+def test_children_record_into_the_same_run_each_in_its_own_shard(tmp_path: Path) -> None:
+    r = run_script(tmp_path, CHILDREN_PROG, env={"PPROBE_MODE": "stats"}).check()
+    pids = json.loads(r.out)
+    assert len(set(pids.values())) == len(pids) == 6
+    run_dir = r.run_dir
+    assert len(r.runs) == 1  # one run folder for the whole tree of processes
+    rows = ops(run_dir)
+    by_pid: dict[int, list[str]] = {}
+    for x in rows:
+        by_pid.setdefault(x["pid"], []).append(f"{x['op']} {x['args'] or ''}".strip())
+    assert by_pid[pids["parent"]] == ["numpy.arange 0=2", "numpy.negative"]
+    for k, name in enumerate(["fork", "spawn", "forkserver", "subprocess", "os._exit"], 1):
+        assert by_pid[pids[name]] == ["numpy.arange 0=3", f"numpy.add 1={k}"], name
+    # each recording process has its own shard of each table, named by its pid
+    assert shard_pids(run_dir, "ops") == shard_pids(run_dir, "tensors") == set(pids.values())
+    # and its own procs/*.json; children are no run of their own
+    procs = {json.loads(p.read_text())["pid"] for p in (run_dir / "procs").glob("*.json")}
+    assert set(pids.values()) <= procs
+    m = meta(run_dir)
+    assert m["pid"] == pids["parent"] and m["exit"]["status"] == "ok"
+    for p in (run_dir / "procs").glob("*.json"):
+        proc = json.loads(p.read_text())
+        if proc["pid"] in pids.values() and proc["pid"] != pids["parent"]:
+            assert proc["end"] is not None and proc["rows_written"] == 2, proc
+
+
+def test_forked_child_os_exit_keeps_rows_of_a_long_buffer(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import os
+        import numpy as np
+        pid = os.fork()
+        if pid == 0:
+            for i in range(5000):
+                np.add(np.ones(2), i)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        print(pid, os.waitstatus_to_exitcode(status))
+        """,
+        env={"PPROBE_MODE": "log", "PPROBE_FLUSH_SECONDS": "60"},
+    ).check()
+    child, code = map(int, r.out.split())
+    assert code == 3  # os._exit's status is kept
+    rows = ops(r.run_dir, f"pid = {child}")
+    assert len(rows) == 10000
+    assert [x["args"] for x in rows if x["op"] == "numpy.add"] == [f"1={i}" for i in range(5000)]
+
+
+def test_pool_workers_closed_and_joined_leave_their_rows(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import multiprocessing as mp
+        import numpy as np
+        def work(i):
+            return float(np.add(np.arange(3), i).sum())
+        if __name__ == "__main__":
+            for method in ("fork", "spawn"):
+                pool = mp.get_context(method).Pool(2)
+                print(pool.map(work, range(6)))
+                pool.close()
+                pool.join()
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    rows = ops(r.run_dir, "op = 'numpy.add'")
+    assert sorted(x["args"] for x in rows) == sorted([f"1={i}" for i in range(6)] * 2)
+    assert len({x["pid"] for x in rows}) >= 2
+
+
+def test_pool_used_as_a_context_manager_keeps_worker_rows(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import multiprocessing as mp
+        import numpy as np
+        def work(i):
+            return float(np.add(np.arange(3), i).sum())
+        if __name__ == "__main__":
+            with mp.get_context("fork").Pool(2) as pool:   # __exit__ terminates: SIGTERM
+                print(pool.map(work, range(6)))
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    rows = ops(r.run_dir, "op = 'numpy.add'")
+    if len(rows) != 6:
+        import pytest
+
+        pytest.xfail(
+            "known limitation: Pool.__exit__ terminates its workers with SIGTERM, which kills "
+            f"them before their buffered rows are flushed ({len(rows)} of 6 rows kept)"
+        )

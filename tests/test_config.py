@@ -1,0 +1,219 @@
+"""Configuration: bad values print one line and the program runs unprobed (fatal with
+PPROBE_STRICT=1); precedence defaults < pyproject < pprobe.toml < env < enable(); README's
+settings table lists every variable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import REPO, meta, op_names, run_script, write
+from helpers import ops as ops_of
+
+from pprobe import config
+
+PROG = """
+    import numpy as np
+    print("result", float(np.add(np.arange(3.0), 1).sum()))
+"""
+
+KNOWN = sorted(config.BY_ENV) + sorted(config.OTHER_ENV)
+
+BAD = [
+    ("PPROBE_MODE", "bogus", list(config.MODES)),
+    ("PPROBE_BUDGET", "lots", ["byte count"]),
+    ("PPROBE_FOO", "1", KNOWN),
+    ("PPROBE_EVERY", "0", [">= 1"]),
+    ("PPROBE_FIRST", "-1", [">= 0"]),
+    ("PPROBE_STEPS", "5-2", ["10-12,100"]),
+    ("PPROBE_FRAMEWORKS", "jax", list(config.FRAMEWORKS)),
+    ("PPROBE_COVERAGE", "most", list(config.COVERAGES)),
+    ("PPROBE_NESTED", "maybe", ["1/0", "true/false"]),
+    ("PPROBE_FLUSH_SECONDS", "-3", ["> 0"]),
+    ("PPROBE_OUTPUT", " ", ["non-empty path"]),
+]
+
+
+@pytest.mark.parametrize("var, value, allowed", BAD, ids=[b[0] for b in BAD])
+def test_bad_value_prints_one_line_and_runs_unprobed(
+    tmp_path: Path, var: str, value: str, allowed: list[str]
+) -> None:
+    plain = run_script(tmp_path, PROG, probe=False).check()
+    r = run_script(tmp_path, PROG, env={var: value})
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("pprobe: ") and var in lines[0]
+    for a in allowed:
+        assert a in lines[0], (a, lines[0])
+    assert not r.output.exists()
+
+
+@pytest.mark.parametrize("var, value", [("PPROBE_MODE", "bogus"), ("PPROBE_FOO", "1")])
+def test_strict_makes_a_bad_value_fatal(tmp_path: Path, var: str, value: str) -> None:
+    r = run_script(tmp_path, PROG, env={var: value, "PPROBE_STRICT": "1"})
+    assert r.rc == 2
+    assert r.out == ""  # the program did not run
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and var in lines[0] and "PPROBE_STRICT" in lines[0], r.err
+    assert not r.output.exists()
+
+
+@pytest.mark.parametrize(
+    "name, text, expect",
+    [
+        ("pprobe.toml", 'mode = "bogus"\n', ["pprobe.toml", "mode", "log, stats, dump"]),
+        ("pprobe.toml", "colour = 1\n", ["pprobe.toml", "colour", "budget"]),
+        ("pprobe.toml", "mode = [unclosed\n", ["pprobe.toml", "TOML"]),
+        ("pyproject.toml", '[tool.pprobe]\nevery = "often"\n', ["pyproject.toml", "every"]),
+    ],
+    ids=["bad-value", "unknown-key", "not-toml", "pyproject"],
+)
+def test_bad_config_file(tmp_path: Path, name: str, text: str, expect: list[str]) -> None:
+    plain = run_script(tmp_path, PROG, probe=False).check()
+    write(tmp_path / name, text)
+    r = run_script(tmp_path, PROG)
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    for e in expect:
+        assert e in lines[0], (e, lines[0])
+    assert not r.output.exists()
+
+
+PRECEDENCE_PROG = """
+    import json, sys
+    import numpy as np
+    if sys.argv[1:] == ["enable"]:
+        import pprobe
+        pprobe.enable(exclude="x4")
+    for i in range(8):
+        np.add(np.ones(1), i)
+    import pprobe
+    print(pprobe.active_run_dir())
+"""
+
+
+def _layers(tmp_path: Path) -> None:
+    write(
+        tmp_path / "pyproject.toml",
+        """
+        [project]
+        name = "user-project"
+        [tool.pprobe]
+        mode = "log"
+        every = 2
+        first = 3
+        exclude = ["x1"]
+        """,
+    )
+    write(tmp_path / "pprobe.toml", 'every = 4\nfirst = 5\nexclude = ["x2"]\nnested = true\n')
+
+
+def test_precedence_defaults_pyproject_toml_env(tmp_path: Path) -> None:
+    _layers(tmp_path)
+    r = run_script(
+        tmp_path, PRECEDENCE_PROG, env={"PPROBE_FIRST": "6", "PPROBE_EXCLUDE": "x3"}
+    ).check()
+    m = meta(r.run_dir)
+    c, src = m["config"], m["config_sources"]
+    assert (c["mode"], c["every"], c["first"], c["exclude"], c["nested"]) == (
+        "log",
+        4,
+        6,
+        ["x3"],
+        True,
+    )
+    assert c["budget"] == config.BY_FIELD["budget"].default  # untouched: the default
+    assert src["mode"] == str(tmp_path / "pyproject.toml")
+    assert src["every"] == src["nested"] == str(tmp_path / "pprobe.toml")
+    assert src["first"] == "env PPROBE_FIRST" and src["exclude"] == "env PPROBE_EXCLUDE"
+    assert "budget" not in src
+    # and the program was probed that way: every 4th np.add of the first 6, no dumps
+    assert [x for x in op_names(r.run_dir) if x == "numpy.add"] == ["numpy.add"] * 2
+    assert not list(r.run_dir.glob("*.npy"))
+
+
+def test_precedence_enable_arguments_win(tmp_path: Path) -> None:
+    _layers(tmp_path)
+    r = run_script(
+        tmp_path,
+        PRECEDENCE_PROG,
+        "enable",
+        probe=False,
+        env={"PYTHONPATH": str(REPO), "PPROBE_FIRST": "6", "PPROBE_EXCLUDE": "x3"},
+    ).check()
+    m = meta(r.run_dir)
+    c = m["config"]
+    assert (c["mode"], c["every"], c["first"], c["exclude"]) == ("log", 4, 6, ["x4"])
+    assert m["config_sources"]["exclude"] == "argument"
+
+
+def test_pprobe_config_names_the_file_read_instead_of_pprobe_toml(tmp_path: Path) -> None:
+    _layers(tmp_path)
+    other = write(tmp_path / "conf" / "other.toml", "every = 7\n")
+    r = run_script(tmp_path, PRECEDENCE_PROG, env={"PPROBE_CONFIG": str(other)}).check()
+    c = meta(r.run_dir)["config"]
+    # pyproject still applies; ./pprobe.toml is not read (its nested/first are not used).
+    assert (c["mode"], c["every"], c["first"], c["exclude"], c["nested"]) == (
+        "log",
+        7,
+        3,
+        ["x1"],
+        False,
+    )
+
+
+def test_load_precedence_for_every_layer_in_process(tmp_path: Path) -> None:
+    _layers(tmp_path)
+    cfg = config.load(env={}, cwd=str(tmp_path))
+    assert (cfg.mode, cfg.every, cfg.first, cfg.exclude) == ("log", 4, 5, ("x2",))
+    cfg = config.load(env={"PPROBE_EVERY": "9"}, cwd=str(tmp_path))
+    assert cfg.every == 9
+    cfg = config.load(overrides={"every": 11}, env={"PPROBE_EVERY": "9"}, cwd=str(tmp_path))
+    assert cfg.every == 11
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    defaults = config.load(env={}, cwd=str(empty))
+    for s in config.SETTINGS:  # the defaults are the table's
+        want = s.default
+        assert getattr(defaults, s.field) == want, s.field
+        assert getattr(config.Config(), s.field) == want, s.field
+
+
+def test_child_processes_get_the_resolved_config_not_a_reguess(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere / "pprobe.toml", 'mode = "dump"\nevery = 3\n')
+    r = run_script(
+        tmp_path,
+        """
+        import os, subprocess, sys
+        import numpy as np
+        np.add(np.ones(1), 1)
+        # The child runs where another pprobe.toml says dump mode, and without PPROBE_MODE:
+        # it must still use its parent's resolved settings.
+        env = {k: v for k, v in os.environ.items() if k != "PPROBE_MODE"}
+        subprocess.run([sys.executable, "-c", "import numpy as np; np.add(np.ones(1), 2)"],
+                       check=True, cwd=sys.argv[1], env=env)
+        """,
+        str(elsewhere),
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    rows = ops_of(r.run_dir)
+    assert [x["args"] for x in rows if x["op"] == "numpy.add"] == ["1=1", "1=2"]
+    assert len({x["pid"] for x in rows}) == 2
+    assert not list(r.run_dir.glob("*.npy"))  # the child logged like its parent: no dumps
+
+
+def test_readme_settings_table_lists_every_variable() -> None:
+    readme = REPO / "README.md"
+    assert readme.is_file(), "README.md is missing: it must document every setting"
+    in_table: set[str] = set()
+    for line in readme.read_text().splitlines():
+        if line.lstrip().startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            in_table |= set(re.findall(r"\bPPROBE(?:_[A-Z0-9_]+)?\b", cells[0]))
+    documented = {s.env for s in config.SETTINGS}
+    assert documented - in_table == set(), "settings missing from README's table"
+    assert in_table - documented - set(config.OTHER_ENV) == set(), "unknown names in README"

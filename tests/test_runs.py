@@ -1,0 +1,180 @@
+"""Run folders: one per run, `latest`, meta.json, and failures to write that never change the
+program's result (unwritable output folder, full disk)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import resource
+import signal
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import PYTHON, REPO, meta, op_names, run, run_script, write
+
+PROG = """
+    import sys
+    import numpy as np
+    print(float(np.add(np.arange(4.0), float(sys.argv[1]) if len(sys.argv) > 1 else 0).sum()))
+"""
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_each_run_has_its_own_folder_and_latest_points_at_the_newest(tmp_path: Path) -> None:
+    first = run_script(tmp_path, PROG, "1").check()
+    (run1,) = first.runs
+    before = _digest(run1)
+    assert (tmp_path / "out" / "latest").resolve() == run1
+    second = run_script(tmp_path, PROG, "2").check()
+    runs = second.runs
+    assert len(runs) == 2 and runs[0] == run1
+    run2 = runs[1]
+    assert _digest(run1) == before  # the first run is untouched
+    assert (tmp_path / "out" / "latest").resolve() == run2
+    assert (tmp_path / "out" / "LATEST").read_text().strip() == run2.name
+    assert meta(run1)["argv"][1:] == ["1"] and meta(run2)["argv"][1:] == ["2"]
+
+
+def test_runs_started_in_the_same_second_by_one_process_never_collide(tmp_path: Path) -> None:
+    import pprobe
+
+    out = tmp_path / "out"
+    dirs = []
+    for _ in range(3):
+        dirs.append(pprobe.enable(mode="log", output=str(out)))
+        np.add(np.ones(2), len(dirs))
+        pprobe.disable()
+    assert len(set(dirs)) == 3
+    for d in dirs:
+        assert meta(d)["run_id"] == Path(d).name
+        assert op_names(d) == ["numpy.ones", "numpy.add"]
+        assert meta(d)["exit"]["status"] == "disabled"
+    assert (out / "latest").resolve() == Path(dirs[-1])
+
+
+@pytest.mark.parametrize(
+    "ending, status",
+    [
+        ("pass", {"status": "ok", "code": 0}),
+        (
+            "raise ValueError('boom')",
+            {"status": "exception", "code": 1, "exception": "ValueError", "message": "boom"},
+        ),
+        ("sys.exit(5)", {"status": "exited", "code": 5, "message": None}),
+        ("sys.exit('bye')", {"status": "exited", "code": 1, "message": "bye"}),
+        ("os._exit(7)", {"status": "exited", "code": 7, "message": None}),
+    ],
+    ids=["ok", "exception", "exit5", "exit-message", "os_exit"],
+)
+def test_meta_json(tmp_path: Path, ending: str, status: dict) -> None:
+    script = write(
+        tmp_path / "prog.py",
+        f"""
+        import json, os, sys
+        import numpy as np
+        np.add(np.ones(3), 1)
+        print(json.dumps({{"pid": os.getpid()}}), flush=True)
+        {ending}
+        """,
+    )
+    t0 = time.time()
+    plain = run([PYTHON, str(script), "x", "--y"], tmp_path, probe=False)
+    r = run([PYTHON, str(script), "x", "--y"], tmp_path, env={"PPROBE_MODE": "stats"})
+    t1 = time.time()
+    assert (r.rc, r.out.count("pid"), r.err) == (plain.rc, 1, plain.err)
+    m = meta(r.run_dir)
+    assert m["argv"] == [str(script), "x", "--y"]
+    assert m["pid"] == json.loads(r.out)["pid"]
+    assert m["host"] == socket.gethostname()
+    assert m["versions"]["python"] == platform.python_version()
+    assert m["versions"]["numpy"] == np.__version__
+    import pprobe
+
+    assert m["versions"]["pprobe"] == m["pprobe_version"] == pprobe.__version__
+    assert m["config"]["mode"] == "stats" and m["config_sources"]["mode"] == "env PPROBE_MODE"
+    assert m["config"]["output"] == str(tmp_path / "out")
+    assert t0 <= m["start"] <= m["end"] <= t1
+    assert m["exit"] == status
+    assert m["coverage"]["frameworks"]["numpy"]["numpy"]["namespace_functions"] > 300
+    assert m["errors"] == []
+
+
+def test_unwritable_output_folder(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    target = blocker / "sub"
+    script = write(tmp_path / "prog.py", textwrap.dedent(PROG) + "sys.exit(4)\n")
+    plain = run([PYTHON, str(script), "3"], tmp_path, probe=False)
+    assert plain.rc == 4
+    for cmd, env in [
+        ([PYTHON, str(script), "3"], {}),
+        (
+            [
+                PYTHON,
+                "-m",
+                "pprobe",
+                "run",
+                "--output",
+                str(target),
+                "--",
+                PYTHON,
+                str(script),
+                "3",
+            ],
+            {"PYTHONPATH": str(REPO)},
+        ),
+    ]:
+        r = run(cmd, tmp_path, output=target, env=env)
+        assert (r.rc, r.out) == (plain.rc, plain.out)
+        lines = r.err.splitlines()
+        assert len(lines) == 1, r.err
+        assert lines[0].startswith("pprobe: ") and str(target) in lines[0]
+        assert "without pprobe" in lines[0]
+        assert blocker.read_text() == "not a folder"
+
+
+def test_full_disk_is_reported_once_and_the_program_is_unaffected(tmp_path: Path) -> None:
+    limit = 64 * 1024
+
+    def small_files() -> None:  # in the child: files may not grow past `limit` bytes
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    prog = """
+        import numpy as np
+        total = 0.0
+        for i in range(20):
+            total += float(np.add(np.full(20000, float(i)), 1.0).sum())   # 160 kB dumps
+        for i in range(20000):
+            total += float(np.add(np.ones(2), i)[0])                       # a growing log
+        print(total)
+    """
+    plain = run_script(tmp_path, prog, probe=False).check()
+    r = run_script(
+        tmp_path,
+        prog,
+        env={"PPROBE_FLUSH_ROWS": "2000", "PPROBE_FLUSH_SECONDS": "0.05"},
+        preexec_fn=small_files,
+    )
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    lines = r.pprobe_lines()
+    assert len(lines) == len(set(lines)) == 2, r.err
+    assert any("writing dumps" in x for x in lines)
+    assert any("writing the log" in x for x in lines)
+    m = meta(r.run_dir)
+    assert {e["where"] for e in m["errors"]} == {"writing dumps", "writing the log"}
+    assert m["dumps"]["failed"] is True
+    assert not [p for p in r.run_dir.glob("*.npy")]
+    assert not [p for p in r.run_dir.rglob("*") if p.name.endswith(".tmp")]
