@@ -13,12 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import meta, ops, run_script, sql, tensors
 
 import pprobe
 from pprobe import _cpython
 from pprobe.interceptors import numpy_ndarray
-
-from helpers import meta, ops, run_script, sql, tensors
 
 FULL = {"PPROBE_COVERAGE": "full", "PPROBE_MODE": "log"}
 
@@ -32,7 +31,7 @@ def test_every_operator_form_is_a_row_naming_its_ufunc(tmp_path: Path) -> None:
         import numpy as np
         a = np.arange(1, 7, dtype=np.int64).reshape(2, 3)
         b = np.full((2, 3), 2, dtype=np.int64)
-        for name in %r:
+        for name in BINARY:
             f = getattr(operator, name if name not in ("and", "or") else name + "_")
             f(a, b)            # a.__name__(b)
             f(3, a)            # a.__rname__(3)
@@ -46,7 +45,7 @@ def test_every_operator_form_is_a_row_naming_its_ufunc(tmp_path: Path) -> None:
         divmod(a, b)
         -a; +a; abs(a); ~a
         a < b; a <= b; a == b; a != b; a > b; a >= b
-    """ % (BINARY,)
+    """.replace("BINARY", repr(BINARY))
     r = run_script(tmp_path, prog, env=FULL).check()
     rows = ops(r.run_dir, "kind = 'operator'")
     got = [(x["op"].rsplit(".", 1)[1], x["ufunc"]) for x in rows]
