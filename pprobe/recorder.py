@@ -287,8 +287,9 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         t1 = perf_counter_ns()
         loc.depth = depth
         loc.parent = parent
+        status = type(e).__name__
         rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
-                     type(e).__name__, tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
+                     status, tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
         raise
     t1 = perf_counter_ns()
     loc.parent = parent

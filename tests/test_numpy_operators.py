@@ -273,3 +273,23 @@ def test_in_process_threads_share_one_patch(tmp_path: Path) -> None:
         stop.set()
         t.join()
     assert not errors
+
+
+def test_random_generator_methods_are_rows_and_hide_their_insides(tmp_path: Path) -> None:
+    prog = """
+        import numpy as np
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((3, 2))
+        y = rng.integers(0, 5, size=4)
+        np.save("x.npy", x)
+    """
+    r = run_script(tmp_path, prog, env=FULL).check()
+    assert [x["op"] for x in ops(r.run_dir)] == [
+        "numpy.random.Generator.standard_normal",
+        "numpy.random.Generator.integers",
+        "numpy.save",
+    ]
+    out = tensors(r.run_dir, "role = 'output'")
+    assert [x["shape"] for x in out] == [[3, 2], [4]]
+    expected = np.random.default_rng(0).standard_normal((3, 2))
+    assert np.array_equal(np.load(tmp_path / "x.npy"), expected)

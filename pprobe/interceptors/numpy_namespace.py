@@ -252,6 +252,8 @@ def _on_import(mod: types.ModuleType) -> None:
     try:
         patch_module(mod)
         mod.__pprobe_patched__ = True  # type: ignore[attr-defined]
+        if mod.__name__ == "numpy.random":
+            numpy_ndarray.patch_random(mod)
     except Exception as e:  # never break the user's import
         _report.internal_error(f"patching {mod.__name__}", e)
 

@@ -15,6 +15,7 @@ PPROBE_COVERAGE=namespace, nothing is patched and coverage is ``namespace``.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -60,12 +61,12 @@ def _unary(op: recorder.Op, orig: Any) -> Any:
     return f
 
 
-def _method(op: recorder.Op, orig: Any) -> Any:
+def _method(op: recorder.Op, orig: Any, owner: str = "ndarray") -> Any:
     def f(self: Any, *args: Any, _op: Any = op, _orig: Any = orig, **kwargs: Any) -> Any:
         return _call(_op, _orig, (self, *args), kwargs)
 
     f.__name__ = orig.__name__
-    f.__qualname__ = f"ndarray.{orig.__name__}"
+    f.__qualname__ = f"{owner}.{orig.__name__}"
     f.__doc__ = orig.__doc__
     f.__wrapped__ = orig  # type: ignore[attr-defined]
     return f
@@ -137,11 +138,41 @@ def install(coverage: str) -> dict[str, Any]:
         _report.internal_error("patching ndarray operators", e)
         return {"coverage": "namespace", "reason": f"{type(e).__name__}: {e}"}
     _installed = True
+    if "numpy.random" in sys.modules:
+        patch_random(sys.modules["numpy.random"])
     return {"coverage": "full", "operators": len(operators), "methods": len(methods)}
+
+
+#: Random number generators whose methods (rng.normal, ...) are rows: numpy.random's own
+#: functions (np.random.rand) are bound methods of a RandomState, covered by the namespace.
+RANDOM_TYPES = ("Generator", "RandomState")
+_random_patched: list[type] = []
+
+
+def patch_random(mod: Any) -> None:
+    """Called when numpy.random is imported: its generators' methods become rows."""
+    if not _installed or _random_patched:
+        return
+    for tname in RANDOM_TYPES:
+        tp = getattr(mod, tname, None)
+        if not isinstance(tp, type):
+            continue
+        _random_patched.append(tp)
+        for name, orig in list(tp.__dict__.items()):
+            if name.startswith("_") or type(orig).__name__ not in (
+                "method_descriptor",
+                "cython_function_or_method",
+            ):
+                continue
+            op = recorder.op(f"numpy.random.{tname}.{name}", "method", "numpy")
+            _cpython.set_type_attr(tp, name, _method(op, orig, tname))
 
 
 def uninstall() -> None:
     global _installed
     if _installed:
         _cpython.restore(np.ndarray)
+        for tp in _random_patched:
+            _cpython.restore(tp)
+        _random_patched.clear()
         _installed = False
