@@ -168,7 +168,9 @@ def add_internal_path(path: str, owner: Any = True) -> None:
 
     With ``owner`` a framework name, a call of that framework's op made directly by that
     framework's own code (NumPy's array printing calling ``np.max``, say) is the framework's
-    business, not the program's op: it is not a row and what it calls is hidden.
+    business, not the program's op: it is not a row and what it calls is hidden. The
+    framework's own test suites (files under a ``tests`` folder, such as
+    ``numpy/_core/tests/``) are programs using the framework: their frames are callers.
     """
     p = os.path.dirname(os.path.abspath(path)) + os.sep
     if all(p != q for q, _ in _internal_prefixes):
@@ -177,6 +179,7 @@ def add_internal_path(path: str, owner: Any = True) -> None:
 
 
 _IMPORT_FRAME: Any = object()  # truthy: an internal frame of the import machinery
+_TESTS = os.sep + "tests" + os.sep
 
 
 def _is_internal(code: Any) -> Any:
@@ -186,7 +189,13 @@ def _is_internal(code: Any) -> Any:
         if fn.startswith("<frozen importlib"):
             r = _IMPORT_FRAME
         else:
-            r = next((owner for p, owner in _internal_prefixes if fn.startswith(p)), False)
+            r = False
+            for p, owner in _internal_prefixes:
+                if fn.startswith(p):
+                    r = owner
+                    if owner is not True and _TESTS in os.sep + fn[len(p) :]:
+                        r = False  # the framework's test suite: a program, not the framework
+                    break
             if r is False and fn.startswith("<"):
                 r = True
         _internal_code[code] = r
@@ -277,22 +286,27 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         loc.depth = depth
         _report.internal_error("recording inputs", e)
         return fn(*args, **kwargs)
-    parent = loc.parent
+    if _nested:  # parents matter only when nested calls are recorded
+        parent = loc.parent
+        loc.parent = seq
+    else:
+        parent = -1
     loc.depth = depth + 1
-    loc.parent = seq
     t0 = perf_counter_ns()
     try:
         result = fn(*args, **kwargs)
     except BaseException as e:
         t1 = perf_counter_ns()
         loc.depth = depth
-        loc.parent = parent
+        if _nested:
+            loc.parent = parent
         status = type(e).__name__
         rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
                      status, tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
         raise
     t1 = perf_counter_ns()
-    loc.parent = parent
+    if _nested:
+        loc.parent = parent
     if result is NotImplemented:  # an operator deferring to the other operand: not an op
         loc.depth = depth
         return result
