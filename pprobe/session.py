@@ -112,8 +112,12 @@ class Session:
         self.write_meta()
         if Session.active is self:
             Session.active = None
+        if _pending_signal is not None:
+            _die_of(_pending_signal)
 
     def _exit_status(self) -> dict[str, Any]:
+        if isinstance(self.exit_code, int) and self.exit_code < 0:
+            return {"status": "signal", "code": self.exit_code, "signal": -self.exit_code}
         last = getattr(sys, "last_value", None)
         if last is not None:
             return {
@@ -149,6 +153,7 @@ class Session:
         self.writer.after_fork_child()
         recorder.configure(self.config, self.dumper, self.writer.wake)
         self.write_meta()
+        _install_sigterm()
 
 
 def _make_hook(framework: str) -> Any:
@@ -176,6 +181,53 @@ def _install_process_hooks() -> None:
     )
     os._exit = _exit_wrapper  # type: ignore[assignment]  # forked workers end with os._exit
     sys.exit = _sys_exit_wrapper  # type: ignore[assignment]
+    _install_sigterm()
+
+
+def _install_sigterm() -> None:
+    """Flush on SIGTERM, then die of it as before (a Pool's __exit__ terminates its workers).
+
+    Only where the program left SIGTERM at its default action, and only from the main thread
+    (where Python runs signal handlers). The process still ends by SIGTERM: the handler puts
+    the default action back and sends the signal again, so the parent sees the same status.
+    """
+    import signal
+    import threading
+
+    try:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no signals here (embedded, Windows)
+        pass
+
+
+_pending_signal: int | None = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    global _pending_signal
+    s = Session.active
+    if s is not None and s.stopped:
+        # The signal interrupted our own stop (a worker flushing on its way out): let the
+        # stop finish below this frame; it dies of the signal at its end (Session.stop).
+        _pending_signal = signum
+        return
+    if s is not None:
+        try:
+            s.exit_code = -signum
+            s.stop(exiting=True)
+        except BaseException:
+            pass
+    _die_of(signum)
+
+
+def _die_of(signum: int) -> None:
+    import signal
+
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _at_exit() -> None:
