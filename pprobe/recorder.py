@@ -19,6 +19,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
+from itertools import chain
 from time import perf_counter_ns
 from typing import Any
 
@@ -26,8 +27,13 @@ from . import _report, state, values
 from .state import INTERNAL
 
 #: Raw rows waiting for the writer. deque.append/popleft are atomic: no lock, no lost row.
-#: (seq, op index, t0, t1, thread ident, step, depth, parent, call-site index, status,
-#:  tensor descs, other args, module path, phase)
+#: One flat tuple per call: (seq, op index, t0, t1, thread ident, step, depth, parent,
+#: call-site index, status, module path, phase, n_descs, n_others, then n_descs tensor
+#: descriptions of 9 fields each, then n_others (idx, value) pairs). Flat, and made of ints,
+#: strings and tuples of numbers only, so the garbage collector soon stops tracking buffered
+#: rows (nested containers kept every collection walking all of them: FINDINGS, bench item 1).
+ROW_HEAD = 14
+DESC_FIELDS = 9
 rows: deque = deque()
 
 _local = state.local
@@ -37,6 +43,8 @@ _getframe = sys._getframe
 # Settings read by the hot path; set by configure().
 _active = False  # a session is on and the current step is inside the step window
 _nested = False
+_parents = False  # keep loc.parent current: nested calls, or torch's nesting levels
+_want_parents = False  # asked for by an interceptor (torch aten/module levels)
 _mode = 0  # 0 log, 1 stats, 2 dump
 _dtypes: frozenset[str] = frozenset()
 _flush_rows = 16384
@@ -111,9 +119,10 @@ def op(name: str, kind: str, framework: str, ufunc: str | None = None) -> Op:
 
 
 def configure(cfg: Any, dumper: Any, wake: Callable[[], None] | None) -> None:
-    global _cfg, _nested, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
+    global _cfg, _nested, _parents, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
     _cfg = cfg
     _nested = cfg.nested
+    _parents = _nested or _want_parents
     _mode = MODES[cfg.mode]
     _dtypes = frozenset(cfg.dtypes)
     _flush_rows = cfg.flush_rows
@@ -123,6 +132,14 @@ def configure(cfg: Any, dumper: Any, wake: Callable[[], None] | None) -> None:
     for o in _ops.values():
         o._configure()
     refresh_active()
+
+
+def want_parents(on: bool) -> None:
+    """Keep ``parent`` up to date even without ``nested``: the torch interceptor's aten and
+    module levels nest rows inside api and module rows."""
+    global _want_parents, _parents
+    _want_parents = on
+    _parents = on or _nested
 
 
 def refresh_active() -> None:
@@ -203,6 +220,7 @@ def _is_internal(code: Any) -> Any:
 
 
 _NOT_A_ROW = object()
+_NOT_SELECTED = object()  # a call PPROBE_DTYPES leaves out (its own calls may be rows)
 #: Call sites (code, line) by small int: rows keep ints, so the garbage collector can untrack
 #: them (a deque of rows holding code objects made every collection walk them all).
 sites: list[tuple[Any, int]] = []
@@ -266,27 +284,33 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     try:
         arrays, others = values.collect(args, kwargs)
         if _dtypes and arrays and not _dtype_match(arrays):
-            loc.depth = depth
-            return fn(*args, **kwargs)
-        # Before the seq and the inputs' dumps: a call that is not a row takes no seq and
-        # leaves no .npy behind.
-        # Nested calls (PPROBE_NESTED) are the framework's own calls by nature: keep them.
-        code = _caller("" if depth else op.framework)
-        if code is _NOT_A_ROW:
-            loc.depth = depth
-            return hidden(fn, args, kwargs)
-        seq = next(state.seq)
-        if _mode:
-            prefix = f"{_pid}-{seq}" if _mode == 2 else ""
-            ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
+            code = _NOT_SELECTED
         else:
-            prefix = ""
-            ins = [h.light("input", idx, x) for idx, x, h in arrays]
+            # Before the seq and the inputs' dumps: a call that is not a row takes no seq and
+            # leaves no .npy behind.
+            # Nested calls (PPROBE_NESTED) are the framework's own calls by nature: keep them.
+            code = _caller("" if depth else op.framework)
+        if code is not _NOT_A_ROW and code is not _NOT_SELECTED:
+            seq = next(state.seq)
+            if _mode:
+                prefix = f"{_pid}-{seq}" if _mode == 2 else ""
+                ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
+            else:
+                prefix = ""
+                ins = [h.light("input", idx, x) for idx, x, h in arrays]
     except Exception as e:  # pprobe's own failure: never the user's problem
         loc.depth = depth
         _report.internal_error("recording inputs", e)
         return fn(*args, **kwargs)
-    if _nested:  # parents matter only when nested calls are recorded
+    # The user's function runs outside the try above: its exceptions are its own, and it
+    # must run exactly once (a failing call used to be reported as pprobe's and run again).
+    if code is _NOT_A_ROW:
+        loc.depth = depth
+        return hidden(fn, args, kwargs)
+    if code is _NOT_SELECTED:
+        loc.depth = depth
+        return fn(*args, **kwargs)
+    if _parents:  # parents matter only when nested calls (or torch's levels) are recorded
         parent = loc.parent
         loc.parent = seq
     else:
@@ -298,14 +322,15 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     except BaseException as e:
         t1 = perf_counter_ns()
         loc.depth = depth
-        if _nested:
+        if _parents:
             loc.parent = parent
         status = type(e).__name__
-        rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
-                     status, tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
+        rows.append(tuple(chain((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                            code, status, loc.module, loc.phase, len(ins), len(others)),
+                           *ins, *others)))  # fmt: skip
         raise
     t1 = perf_counter_ns()
-    if _nested:
+    if _parents:
         loc.parent = parent
     if result is NotImplemented:  # an operator deferring to the other operand: not an op
         loc.depth = depth
@@ -323,8 +348,9 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
             else:
                 for idx, x, h in outs:
                     ins.append(h.light("output", idx, x))
-        rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, code,
-                     "ok", tuple(ins), tuple(others), loc.module, loc.phase))  # fmt: skip
+        rows.append(tuple(chain((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                            code, "ok", loc.module, loc.phase, len(ins), len(others)),
+                           *ins, *others)))  # fmt: skip
         if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
             _wake()
     except Exception as e:
@@ -352,8 +378,9 @@ def append_row(
     layout of :data:`rows`. ``site`` comes from :func:`_caller`."""
     if site is _NOT_A_ROW:
         site = -1
-    rows.append((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site, status,
-                 tuple(descs), tuple(others), module, phase))  # fmt: skip
+    head = (seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site, status,
+            module, phase, len(descs), len(others))  # fmt: skip
+    rows.append(tuple(chain(head, *descs, *others)))
     if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
         _wake()
 

@@ -9,6 +9,7 @@ NumPy is imported, torch's when torch is. Classification is cached per Python ty
 from __future__ import annotations
 
 import reprlib
+from itertools import islice
 from typing import Any, Protocol
 
 #: One tensor description: the in-memory form of a row of the ``tensors`` table.
@@ -77,7 +78,10 @@ class Text(str):
 
 
 class Opaque:
-    """Stands for an argument pprobe does not repr (arbitrary objects may be slow or unsafe)."""
+    """Stands for an argument pprobe does not repr (arbitrary objects may be slow or unsafe).
+
+    Kept for readers of older code; :func:`collect` now stores the text itself (a row must not
+    keep the argument's class alive)."""
 
     __slots__ = ("tp",)
 
@@ -88,13 +92,66 @@ class Opaque:
         return f"<{self.tp.__module__}.{self.tp.__qualname__}>"
 
 
-_SCALAR, _SEQ, _OTHER = object(), object(), object()
-_SCALAR_TYPES = (int, float, complex, bool, str, bytes, type(None), slice, type(Ellipsis), type)
+class _Kind:
+    """How values of one Python type are kept in a row (arrays have their handler instead).
+
+    ``text``: the value is turned into a string during the call, so that the row holds no
+    reference to it (classes, dtypes: NumPy's own tests count their references)."""
+
+    __slots__ = ("name", "text")
+
+    def __init__(self, name: str, text: Any = None) -> None:
+        self.name = name
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}>"
+
+
+_Py_TPFLAGS_HEAPTYPE = 1 << 9
+#: id of a static class (never freed, so its id stays its own) -> the text of the class as an
+#: argument; ~id -> the text of an instance pprobe does not repr.
+_static_texts: dict[int, Text] = {}
+
+
+def _type_text(tp: Any) -> Text:
+    """``repr(cls)`` of a class passed as an argument (``dtype=np.float32``)."""
+    t = _static_texts.get(id(tp))
+    if t is not None:
+        return t
+    try:
+        t = Text(repr(tp))
+    except Exception:
+        t = Text(f"<{type(tp).__name__}>")
+    if not tp.__flags__ & _Py_TPFLAGS_HEAPTYPE:
+        _static_texts[id(tp)] = t
+    return t
+
+
+def _opaque_text(tp: Any) -> Text:
+    """The text of an argument pprobe does not repr: its class, as ``<module.qualname>``."""
+    t = _static_texts.get(~id(tp))
+    if t is not None:
+        return t
+    try:
+        t = Text(f"<{tp.__module__}.{tp.__qualname__}>")
+    except Exception:
+        t = Text("<object>")
+    if not tp.__flags__ & _Py_TPFLAGS_HEAPTYPE:
+        _static_texts[~id(tp)] = t
+    return t
+
+
+_SCALAR, _SEQ, _OTHER = _Kind("scalar"), _Kind("sequence"), _Kind("other")
+_TYPE = _Kind("class", _type_text)
+_SCALAR_TYPES = (int, float, complex, bool, str, bytes, type(None), slice, type(Ellipsis))
 _kinds: dict[type, Any] = {t: _SCALAR for t in _SCALAR_TYPES}
 _kinds[list] = _SEQ
 _kinds[tuple] = _SEQ
+_kinds[type] = _TYPE
 _handlers: list[tuple[type, ArrayHandler]] = []
 _scalar_bases: list[type] = list(_SCALAR_TYPES)
+_text_bases: list[tuple[type, _Kind]] = [(type, _TYPE)]
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
@@ -118,6 +175,18 @@ def register_scalar(tp: type) -> None:
             del _kinds[t]
 
 
+def register_text(tp: type, text: Any) -> None:
+    """Values of ``tp`` (and subclasses) are recorded as ``text(value)``, a :class:`Text` made
+    during the call: the row keeps no reference to them. ``text`` must be cheap and must not
+    raise."""
+    k = _Kind(f"text:{tp.__qualname__}", text)
+    _text_bases.insert(0, (tp, k))
+    _kinds[tp] = k
+    for t in list(_kinds):
+        if _kinds[t] is _OTHER or (_kinds[t] is _TYPE and issubclass(t, tp)):
+            del _kinds[t]
+
+
 def kind_of(tp: type) -> Any:
     k = _kinds.get(tp)
     if k is None:
@@ -129,13 +198,22 @@ def kind_of(tp: type) -> Any:
         else:
             if issubclass(tp, (list, tuple)):
                 k = _SEQ
-            elif issubclass(tp, tuple(_scalar_bases)):
-                k = _SCALAR
+            else:
+                for base, tk in _text_bases:
+                    if issubclass(tp, base):
+                        k = tk
+                        break
+                else:
+                    if issubclass(tp, tuple(_scalar_bases)):
+                        k = _SCALAR
         _kinds[tp] = k
     return k
 
 
 _IDX = tuple(str(i) for i in range(64))
+#: Elements of a list or tuple (argument or result) looked into for arrays; past these, a long
+#: sequence's arrays are not described.
+MAX_ELEMENTS = 1024
 
 
 def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
@@ -149,8 +227,11 @@ def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
         k = get(tp) or kind_of(tp)
         if k is _SCALAR:
             others.append((_IDX[i] if i < 64 else str(i), a))
-        elif k is _SEQ or k is _OTHER:
-            _one(_IDX[i] if i < 64 else str(i), a, arrays, others)
+        elif k.__class__ is _Kind:
+            if k.text is not None:  # classes, dtypes: their text now
+                others.append((_IDX[i] if i < 64 else str(i), k.text(a)))
+            else:
+                _one(_IDX[i] if i < 64 else str(i), a, arrays, others)
         else:
             arrays.append((_IDX[i] if i < 64 else str(i), a, k))
         i += 1
@@ -168,20 +249,28 @@ def _one(idx: str, a: Any, arrays: list, others: list) -> None:
     elif k is _SEQ:
         found = False
         simple = len(a) <= 8
-        for j, e in enumerate(a):
+        # Only the first MAX_ELEMENTS are looked into: ``np.concatenate((a,) * 2**31)`` must
+        # not make pprobe build 2**31 descriptions (NumPy itself refuses it, as it should).
+        for j, e in enumerate(a if len(a) <= MAX_ELEMENTS else islice(a, MAX_ELEMENTS)):
             ke = _kinds.get(type(e)) or kind_of(type(e))
             if ke is _SCALAR:
                 continue
-            if ke is _SEQ or ke is _OTHER:
+            if ke.__class__ is _Kind:
                 simple = False
             else:
                 arrays.append((f"{idx}.{j}", e, ke))
                 found = True
         if not found:
-            # Tuples of scalars are immutable: keep them; anything else is repr'd now.
-            others.append((idx, a if simple and tp is tuple else Text(_safe_repr(a))))
+            # A short sequence of scalars is kept as a tuple (an immutable snapshot, repr'd by
+            # the writer: reprlib on the hot path cost ~20 us); anything else is repr'd now.
+            if simple:
+                others.append((idx, a if tp is tuple else tuple(a)))
+            else:
+                others.append((idx, Text(_safe_repr(a))))
     elif k is _OTHER:
-        others.append((idx, Opaque(tp)))
+        others.append((idx, _opaque_text(tp)))
+    elif k.__class__ is _Kind:
+        others.append((idx, k.text(a)))
     else:
         arrays.append((idx, a, k))
 
@@ -190,15 +279,16 @@ def outputs(result: Any) -> list:
     """Arrays among an op's results: [(idx, x, handler)] (tuples and lists looked into)."""
     tp = type(result)
     k = _kinds.get(tp) or kind_of(tp)
-    if k is _SCALAR or k is _OTHER:
-        return []
     if k is _SEQ:
         out = []
-        for j, e in enumerate(result):
+        n = len(result)
+        for j, e in enumerate(result if n <= MAX_ELEMENTS else islice(result, MAX_ELEMENTS)):
             ke = _kinds.get(type(e)) or kind_of(type(e))
-            if ke is not _SCALAR and ke is not _SEQ and ke is not _OTHER:
+            if ke.__class__ is not _Kind:
                 out.append((str(j), e, ke))
         return out
+    if k.__class__ is _Kind:
+        return []
     return [("0", result, k)]  # type: ignore[list-item]
 
 

@@ -148,6 +148,15 @@ class Writer:
         ops_of = [opsx[r[1]] for r in batch]
         callers = [self._caller(r[8]) for r in batch]
         fmt = values.format_value
+        head, width = recorder.ROW_HEAD, recorder.DESC_FIELDS
+
+        def args_text(r: tuple) -> str | None:
+            no = r[13]
+            if not no:
+                return None
+            i = head + width * r[12]
+            return ", ".join(f"{r[j]}={fmt(r[j + 1])}" for j in range(i, i + 2 * no, 2))
+
         ops_cols = [
             [self.run_id] * n,
             [self.host] * n,
@@ -165,55 +174,60 @@ class Writer:
             [r[9] for r in batch],
             [c[0] for c in callers],
             [c[1] for c in callers],
-            [r[12] for r in batch],
-            [r[13] for r in batch],
+            [r[10] for r in batch],
+            [r[11] for r in batch],
             [r[5] for r in batch],
             [r[6] for r in batch],
             [r[7] if r[7] >= 0 else None for r in batch],
-            [", ".join(f"{k}={fmt(v)}" for k, v in r[11]) if r[11] else None for r in batch],
+            [args_text(r) for r in batch],
         ]
         ops = pa.RecordBatch.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(ops_cols, schema.OPS)],
             schema=schema.OPS.with_metadata(meta),
         )
-        t_cols: list[list] = [[] for _ in range(len(schema.TENSORS))]
+        # Tensor rows: (seq, role, idx, shape, dtype, device, grad, stats, path, note)
+        descs = [
+            (r[0], *r[i : i + width])
+            for r in batch
+            if r[12]
+            for i in range(head, head + width * r[12], width)
+        ]
+        m = len(descs)
+        if m:
+            seqs, roles, idxs, shapes, dts, devs, grads, sts, paths, notes = map(list, zip(*descs))
+        else:
+            seqs = roles = idxs = shapes = dts = devs = grads = sts = paths = notes = []
         dnames = self._dtype_names
-        for r in batch:
-            seq = r[0]
-            for d in r[10]:
-                role, idx, shape, dtype, device, grad, st, path, note = d
-                dn = dnames.get(dtype)
-                if dn is None:
-                    dn = dnames[dtype] = str(dtype)
-                if st is not None and st.__class__ is not tuple:  # values.Lazy (CUDA stats)
-                    st = values.resolve(st, "device statistics")
-                if path is not None and path.__class__ is not str:  # values.Lazy (CUDA dump)
-                    path, note2 = values.resolve(path, "deferred dump") or (None, "not dumped")
-                    note = note2 or note
-                st = st or (None, None, None, None, None, None)
-                for col, v in zip(
-                    t_cols,
-                    (
-                        seq,
-                        role,
-                        idx,
-                        list(shape),
-                        dn,
-                        device,
-                        grad,
-                        st[0],
-                        st[1],
-                        st[2],
-                        st[3],
-                        st[4],
-                        st[5],
-                        path,
-                        note,
-                    ),
-                ):
-                    col.append(v)
-        m = len(t_cols[0])
-        t_cols = [[self.run_id] * m, [self.pid] * m, *t_cols[:-2]]
+        for k in range(m):
+            st, path = sts[k], paths[k]
+            if st is not None and st.__class__ is not tuple:  # values.Lazy (CUDA stats)
+                sts[k] = values.resolve(st, "device statistics")
+            if path is not None and path.__class__ is not str:  # values.Lazy (CUDA dump)
+                path, note2 = values.resolve(path, "deferred dump") or (None, "not dumped")
+                paths[k] = path
+                notes[k] = note2 or notes[k]
+        dtype_names = []
+        for dt in dts:
+            dn = dnames.get(dt)
+            if dn is None:
+                dn = dnames[dt] = str(dt)
+            dtype_names.append(dn)
+        none6 = (None, None, None, None, None, None)
+        stat_cols: list[Any] = list(zip(*[st or none6 for st in sts])) if m else [[]] * 6
+        t_cols = [
+            [self.run_id] * m,
+            [self.pid] * m,
+            seqs,
+            roles,
+            idxs,
+            [list(sh) for sh in shapes],
+            dtype_names,
+            devs,
+            grads,
+            *(list(c) for c in stat_cols),
+            paths,
+            notes,
+        ]
         tensors = pa.RecordBatch.from_arrays(
             [pa.array(c, type=f.type) for c, f in zip(t_cols, schema.TENSORS)],
             schema=schema.TENSORS.with_metadata(meta),

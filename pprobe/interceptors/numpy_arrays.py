@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -9,18 +10,71 @@ import numpy as np
 
 from .. import values
 
+# A row names dtypes; it never holds the dtype object: NumPy's own tests count references to
+# dtypes (test_api.py::test_array_array, test_arrayobject.py::test_cleanup_with_refs...), and a
+# row lives on until the writer flushes it. ``str(dtype)`` costs microseconds, so names are
+# looked up: NumPy's builtin descriptors are static singletons (kept here, so their ids stay
+# theirs), other simple dtypes ('<U5', '<M8[ns]', '>f8') are named by their ``.str``.
+_NAMES: dict[int, str] = {}  # id(builtin descriptor) -> str(dtype)
+_REPRS: dict[int, values.Text] = {}  # id(builtin descriptor) -> repr(dtype), dtype arguments
+_BUILTIN: list[Any] = []
+_BY_STR: dict[str, str] = {}
+_SIMPLE_CLASSES: frozenset[type] = frozenset()
+
+
+def _init_names() -> None:
+    global _SIMPLE_CLASSES
+    classes = set()
+    for c in np.typecodes["All"]:
+        d = np.dtype(c)
+        classes.add(type(d))
+        if d.isbuiltin == 1 and id(d) not in _NAMES:
+            _BUILTIN.append(d)
+            _NAMES[id(d)] = str(d)
+            _REPRS[id(d)] = values.Text(repr(d))
+    _SIMPLE_CLASSES = frozenset(classes)
+
+
+def dtype_name(dt: Any) -> str:
+    n = _NAMES.get(id(dt))
+    if n is not None:
+        return n
+    if type(dt) in _SIMPLE_CLASSES and dt.fields is None and dt.subdtype is None:
+        key = dt.str
+        n = _BY_STR.get(key)
+        if n is None:
+            n = str(dt)
+            if len(_BY_STR) < 4096:
+                _BY_STR[key] = n
+        return n
+    return str(dt)  # structured, subarray, user-defined dtypes: made now
+
+
+def dtype_repr(dt: Any) -> values.Text:
+    """The text of a dtype passed as an argument (``astype(np.dtype("f4"))``)."""
+    r = _REPRS.get(id(dt))
+    if r is not None:
+        return r
+    try:
+        return values.Text(repr(dt))
+    except Exception:
+        return values.Text("<dtype>")
+
 
 class NumpyHandler:
     framework = "numpy"
 
     def meta(self, x: Any) -> tuple:
-        return x.shape, x.dtype, "cpu", None
+        dt = x.dtype
+        return x.shape, _NAMES.get(id(dt)) or dtype_name(dt), "cpu", None
 
     def light(self, role: str, idx: str, x: Any) -> tuple:
-        return (role, idx, x.shape, x.dtype, "cpu", None, None, None, None)
+        dt = x.dtype
+        name = _NAMES.get(id(dt)) or dtype_name(dt)
+        return (role, idx, x.shape, name, "cpu", None, None, None, None)
 
     def dtype_name(self, x: Any) -> str:
-        return str(x.dtype)
+        return dtype_name(x.dtype)
 
     def stats(self, x: Any) -> tuple | None:
         return array_stats(np.asarray(x))
@@ -39,37 +93,61 @@ class NumpyHandler:
         return a, note
 
 
+# NumPy's own functions, bound before pprobe patches anything: statistics are pprobe's work,
+# and calling the originals skips the proxies' and patched methods' early exits.
+_add_reduce = np.add.reduce
+_min_reduce = np.minimum.reduce
+_max_reduce = np.maximum.reduce
+_subtract = np.subtract
+_multiply = np.multiply
+_isfinite = np.isfinite
+_isnan = np.isnan
+_count_nonzero = np.count_nonzero
+_absolute = np.absolute
+_errstate = np.errstate
+_F64 = np.dtype(np.float64)
+
+
 def array_stats(a: np.ndarray) -> tuple | None:
-    """(min, max, mean, std, nan_count, inf_count); min..std over finite values only."""
-    kind = a.dtype.kind
-    if kind not in "biufc" or a.dtype.fields is not None:
+    """(min, max, mean, std, nan_count, inf_count); min..std over finite values only.
+
+    mean and std are computed as ``np.mean``/``np.std(dtype=float64)`` do (the same
+    reductions), in one errstate: pprobe never makes the program print a warning.
+    """
+    dt = a.dtype
+    kind = dt.kind
+    if kind not in "biufc" or dt.fields is not None:
         return None
-    if a.size == 0:
+    n = a.size
+    if n == 0:
         return (None, None, None, None, 0, 0)
-    if kind == "c":
-        a = np.abs(a)
-        kind = "f"
-    nan = inf = 0
-    if kind == "f":
-        finite = np.isfinite(a)
-        n_fin = int(np.count_nonzero(finite))
-        if n_fin != a.size:
-            nan = int(np.count_nonzero(np.isnan(a)))
-            inf = a.size - n_fin - nan
-            a = a[finite]
-            if a.size == 0:
+    if a.ndim == 0:  # ufuncs return scalars for 0-d input; the in-place square needs an array
+        a = a.reshape(1)
+    with _errstate(all="ignore"):
+        if kind == "c":
+            a = _absolute(a)
+            kind = "f"
+        elif kind == "b":
+            a = a.view(np.uint8)
+        nan = inf = 0
+        s = _add_reduce(a, axis=None, dtype=_F64)
+        if kind == "f" and not math.isfinite(s):
+            finite = _isfinite(a)
+            n_fin = int(_count_nonzero(finite))
+            nan = int(_count_nonzero(_isnan(a)))
+            inf = n - n_fin - nan
+            if n_fin == 0:
                 return (None, None, None, None, nan, inf)
-    elif kind == "b":
-        a = a.view(np.uint8)
-    with np.errstate(all="ignore"):
-        return (
-            float(a.min()),
-            float(a.max()),
-            float(a.mean(dtype=np.float64)),
-            float(a.std(dtype=np.float64)),
-            nan,
-            inf,
-        )
+            if n_fin != n:
+                a = a[finite]
+                n = n_fin
+                s = _add_reduce(a, axis=None, dtype=_F64)
+        mean = s / n
+        d = _subtract(a, mean, dtype=_F64)
+        _multiply(d, d, out=d)
+        std = math.sqrt(_add_reduce(d, axis=None) / n)
+        return (float(_min_reduce(a, axis=None)), float(_max_reduce(a, axis=None)),
+                float(mean), std, nan, inf)  # fmt: skip
 
 
 HANDLER = NumpyHandler()
@@ -78,4 +156,5 @@ HANDLER = NumpyHandler()
 def register() -> None:
     values.register(np.ndarray, HANDLER)
     values.register(np.generic, HANDLER)
-    values.register_scalar(np.dtype)
+    _init_names()
+    values.register_text(np.dtype, dtype_repr)
