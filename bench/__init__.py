@@ -1,0 +1,6 @@
+"""pprobe's benchmark: overhead and throughput measured side by side with the peers.
+
+``python -m bench`` (``--quick`` for the CI smoke run, ``--only NAME`` to pick workloads).
+Every probed variant runs in a fresh subprocess started through pprobe's bootstrap; variants
+of one workload are interleaved round by round. See docs/performance.md.
+"""

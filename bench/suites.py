@@ -1,0 +1,690 @@
+"""The eight workloads: which variants run, how often, and which figures come out.
+
+Each suite returns a :class:`Section`: the table rows printed for it, the figures the targets
+are judged on, and every run's raw data (written to the JSON). Sizes come from :class:`Plan`:
+the full plan, or the ``--quick`` one that CI runs as a smoke test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .harness import (
+    BOOTSTRAP,
+    REPO,
+    Outcome,
+    Variant,
+    VariantRuns,
+    base_env,
+    interleave,
+    median,
+    paired_ci,
+    paired_delta,
+    run_child,
+    run_process,
+    untouched_all,
+)
+
+CACHE = os.path.join(REPO, "bench", ".cache")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much of each workload to run."""
+
+    quick: bool
+    rounds: int  # interleaved rounds for program workloads
+    micro_rounds: int
+    micro_n: int  # calls per timed loop (numpy)
+    micro_n_torch: int
+    micro_n_dump: int
+    micro_reps: int
+    micro_target_s: float  # seconds per timed loop (the child picks the call count)
+    mlp_steps: int
+    scipy_iters: int
+    startup_reps_numpy: int
+    startup_reps_torch: int
+    dump_counts: tuple[tuple[int, int], ...]  # (array bytes, arrays per run)
+    dump_rounds: int
+    query_sizes: tuple[int, ...]
+    query_rounds: int
+    memory_steps: tuple[int, int]
+    memory_rounds: int
+    clock: str = "cpu"
+    torch_threads: int = 1
+
+    def common(self) -> dict[str, Any]:
+        """Arguments every child gets: its clock and torch's intra-op thread count."""
+        return {"clock": self.clock, "torch_threads": self.torch_threads}
+
+    @classmethod
+    def make(cls, quick: bool, clock: str = "cpu", torch_threads: int = 1) -> Plan:
+        if quick:
+            return cls(
+                clock=clock,
+                torch_threads=torch_threads,
+                quick=True,
+                rounds=1,
+                micro_rounds=1,
+                micro_n=5_000,
+                micro_n_torch=2_000,
+                micro_n_dump=200,
+                micro_reps=3,
+                micro_target_s=0.03,
+                mlp_steps=10,
+                scipy_iters=50,
+                startup_reps_numpy=3,
+                startup_reps_torch=0,
+                dump_counts=((1 << 10, 200), (64 << 10, 50), (1 << 20, 10)),
+                dump_rounds=1,
+                query_sizes=(100_000,),
+                query_rounds=1,
+                memory_steps=(3, 30),
+                memory_rounds=1,
+            )
+        return cls(
+            clock=clock,
+            torch_threads=torch_threads,
+            quick=False,
+            rounds=5,
+            micro_rounds=3,
+            micro_n=200_000,
+            micro_n_torch=100_000,
+            micro_n_dump=1_000,
+            micro_reps=5,
+            micro_target_s=0.25,
+            mlp_steps=200,
+            scipy_iters=2_000,
+            startup_reps_numpy=30,
+            startup_reps_torch=8,
+            dump_counts=((1 << 10, 3_000), (64 << 10, 1_000), (1 << 20, 150)),
+            dump_rounds=3,
+            query_sizes=(1_000_000, 10_000_000),
+            query_rounds=2,
+            memory_steps=(50, 500),
+            memory_rounds=1,
+        )
+
+
+@dataclass
+class Section:
+    name: str
+    title: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    variants: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def row(self, variant: str, metric: str, value: Any, unit: str = "", vs: str = "") -> None:
+        self.rows.append(
+            {"variant": variant, "metric": metric, "value": value, "unit": unit, "vs": vs}
+        )
+
+    def keep(self, runs: dict[str, VariantRuns], prefix: str = "") -> None:
+        for name, vr in runs.items():
+            self.variants[prefix + name] = vr.to_json()
+
+    def unavailable(self, runs: dict[str, VariantRuns]) -> None:
+        for name, vr in runs.items():
+            if vr.status != "ok":
+                self.row(name, vr.status, vr.error or "", "", "")
+
+
+Log = Callable[[str], None]
+
+
+def _probe(name: str, mode: str | None = None, **env: str) -> dict[str, Any]:
+    e = dict(env)
+    if mode:
+        e["PPROBE_MODE"] = mode
+    return {"name": name, "probe": True, "env": e}
+
+
+def _variants(torch: bool, extra: list[Variant] | None = None) -> list[Variant]:
+    """none, installed-but-off, log, stats, dump (+ extra)."""
+    vs = [
+        Variant("none"),
+        Variant("off", probe=True, env={"PPROBE": "0"}),
+        Variant("log", probe=True, env={"PPROBE_MODE": "log"}, needs_torch=torch),
+        Variant("stats", probe=True, env={"PPROBE_MODE": "stats"}, needs_torch=torch),
+        Variant("dump", probe=True, env={"PPROBE_MODE": "dump"}, needs_torch=torch),
+    ]
+    return vs + (extra or [])
+
+
+def _ratio(v: float | None, base: float | None) -> str:
+    return f"x{v / base:.2f}" if v is not None and base else ""
+
+
+# ------------------------------------------------------------------ 1, 2: micro
+def micro(plan: Plan, log: Log, framework: str) -> Section:
+    torch = framework == "torch"
+    sec = Section(
+        f"micro_{framework}",
+        f"{'2' if torch else '1'}. {framework} micro: ns per call on 10-element "
+        f"{'tensors' if torch else 'arrays'}",
+    )
+    n = plan.micro_n_torch if torch else plan.micro_n
+    extra = []
+    if torch:
+        extra.append(Variant("torch.profiler", args={"profiler": True}))
+    vs = _variants(torch, extra)
+    if torch and plan.quick:  # each torch child pays ~2 s of import: keep the smoke run short
+        vs = [v for v in vs if v.name in ("none", "log", "torch.profiler")]
+    for v in vs:
+        if v.env.get("PPROBE_MODE") == "dump":
+            v.args["n"] = plan.micro_n_dump  # every call writes 3 files
+    runs = interleave(
+        "micro_torch" if torch else "micro_numpy",
+        vs,
+        plan.micro_rounds,
+        {**plan.common(), "n": n, "reps": plan.micro_reps, "target_s": plan.micro_target_s},
+        log=log,
+    )
+    sec.keep(runs)
+    base = runs["none"]
+    ops = list((base.runs[0].data.get("ns_per_call") or {}) if base.runs else {})
+    sec.figures = {"ns_per_call": {}, "delta_us": {}, "covered": {}}
+    for op in ops:
+        b = base.median(lambda o, op=op: o.data["ns_per_call"].get(op))
+        sec.row("none", op, _f(b), "ns/call")
+        for name, vr in runs.items():
+            if name == "none" or vr.status != "ok":
+                continue
+            m = vr.median(lambda o, op=op: o.data["ns_per_call"].get(op))
+            rpc = vr.median(lambda o, op=op: (o.data.get("rows_per_call") or {}).get(op))
+            delta = (m - b) / 1000 if m is not None and b is not None else None
+            cov = "" if rpc is None else (" (recorded)" if rpc >= 0.5 else " (NOT recorded)")
+            sec.row(
+                name, op + cov, _f(m), "ns/call", f"{delta:+.2f} us" if delta is not None else ""
+            )
+            sec.figures["ns_per_call"].setdefault(name, {})[op] = m
+            sec.figures["delta_us"].setdefault(name, {})[op] = delta
+            if rpc is not None:
+                sec.figures["covered"].setdefault(name, {})[op] = rpc
+            if name == "torch.profiler":
+                me = vr.median(lambda o, op=op: o.data["ns_per_call_with_exit"].get(op))
+                de = (me - b) / 1000 if me is not None and b is not None else None
+                sec.row(name, op + " incl. exit", _f(me), "ns/call", f"{de:+.2f} us")
+                sec.figures["delta_us"].setdefault("torch.profiler+exit", {})[op] = de
+    sec.unavailable(runs)
+    return sec
+
+
+def _f(x: float | None, nd: int = 0) -> str:
+    return "n/a" if x is None else f"{x:,.{nd}f}"
+
+
+# ------------------------------------------------------------------ 3, 4: programs
+def _total(o: Outcome) -> float:
+    return o.data["loop_s"] + o.data.get("finish_s", 0.0)
+
+
+def _program(
+    sec: Section, script: str, vs: list[Variant], plan: Plan, args: dict, log: Log, per: str
+) -> None:
+    runs = interleave(script, vs, plan.rounds, {**plan.common(), **args}, log=log)
+    sec.keep(runs, prefix=script + "/" if script != "mlp_torch" else "")
+    base = runs["none"].median(_total)
+    fig = sec.figures.setdefault(script, {"ratio": {}, "seconds": {}, "rows_per_" + per: {}})
+    for name, vr in runs.items():
+        if vr.status != "ok":
+            continue
+        tot = vr.median(_total)
+        loop = vr.median(lambda o: o.data["loop_s"])
+        fin = vr.median(lambda o: o.data.get("finish_s", 0.0))
+        rows = vr.median(
+            lambda o: (
+                ((o.data.get("probe") or {}).get("rows") or 0) / o.data.get("units", 1)
+                if (o.data.get("probe") or {}).get("active")
+                else None
+            )
+        )
+        label = f"{script} total" if script != "mlp_torch" else "total"
+        extra = f" (loop {loop:.3f} + finish {fin:.3f})" if fin else ""
+        if rows is not None:
+            extra += f", {rows:.1f} rows/{per}"
+            fig["rows_per_" + per][name] = rows
+        paired = [t / b for t, b in zip(vr.values(_total), runs["none"].values(_total)) if b]
+        spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
+        sec.row(name, label + extra, _f(tot, 3), "s", _ratio(tot, base) + spread)
+        fig["seconds"][name] = tot
+        fig["ratio"][name] = tot / base if base else None
+        fig.setdefault("paired_ratios", {})[name] = paired
+        if name == "off":  # PPROBE=0: nothing may be patched (the cost is zero by construction)
+            facts = [(o.data.get("probe") or {}).get("untouched") for o in vr.runs]
+            fig["off_untouched"] = untouched_all(facts)
+    sec.unavailable({f"{script}/{k}": v for k, v in runs.items()})
+
+
+def mlp_torch(plan: Plan, log: Log) -> Section:
+    sec = Section(
+        "mlp_torch",
+        f"3. torch MLP 128-256-256-10, batch 64, {plan.mlp_steps} SGD steps (CPU): seconds",
+    )
+    extra = [
+        Variant(
+            "module",
+            probe=True,
+            env={"PPROBE_MODE": "log", "PPROBE_TORCH_LEVEL": "module"},
+            needs_torch=True,
+            torch_level="module",
+        ),
+        Variant(
+            "aten",
+            probe=True,
+            env={"PPROBE_MODE": "log", "PPROBE_TORCH_LEVEL": "aten"},
+            needs_torch=True,
+            torch_level="aten",
+        ),
+        Variant("torch.profiler", args={"profiler": True}),
+    ]
+    vs = _variants(True, extra)
+    if plan.quick:  # ~2-5 s per torch child: the smoke run keeps one probed mode per level
+        vs = [v for v in vs if v.name in ("none", "log", "module", "aten", "torch.profiler")]
+    _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")
+    return sec
+
+
+def numpy_programs(plan: Plan, log: Log) -> Section:
+    sec = Section(
+        "numpy_programs",
+        f"4. NumPy programs: NumPy MLP ({plan.mlp_steps} steps, manual backward) and SciPy "
+        f"(linalg.solve 64x64 + signal.lfilter, {plan.scipy_iters} iterations): seconds",
+    )
+    _program(sec, "numpy_mlp", _variants(False), plan, {"steps": plan.mlp_steps}, log, "step")
+    _program(sec, "scipy_loop", _variants(False), plan, {"iters": plan.scipy_iters}, log, "iter")
+    return sec
+
+
+# ------------------------------------------------------------------ 5: start-up
+def _make_venv(root: str, name: str, pth: bool) -> str:
+    d = os.path.join(root, name)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", d], check=True
+    )
+    py = os.path.join(d, "bin", "python")
+    if pth:
+        site = subprocess.run(
+            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        sys.path.insert(0, REPO)
+        from pprobe import siteinstall
+
+        with open(os.path.join(site, siteinstall.PTH_NAME), "w") as f:
+            f.write(siteinstall.pth_line(REPO))
+    return py
+
+
+def startup(plan: Plan, log: Log) -> Section:
+    what = "CPU (user+sys)" if plan.clock == "cpu" else "wall"
+    sec = Section(
+        "startup", f"5. Start-up: {what} ms of `python -c 'import X'`, deltas paired by round"
+    )
+    root = tempfile.mkdtemp(prefix="pprobe-bench-venv-")
+    out_dir = tempfile.mkdtemp(prefix="pprobe-bench-startup-")
+    try:
+        venv_plain = _make_venv(root, "plain", pth=False)
+        venv_pth = _make_venv(root, "pth", pth=True)
+        env = base_env()
+        # The .pth must really be live: with PPROBE=1 it starts the probe.
+        chk = subprocess.run(
+            [venv_pth, "-c", "import sys; print('pprobe._startup' in sys.modules)"],
+            env={**env, "PPROBE": "1", "PPROBE_OUTPUT": out_dir},
+            capture_output=True,
+            text=True,
+            cwd=root,
+        )
+        live = chk.stdout.strip() == "True"
+        sec.notes.append(
+            f".pth check (venv python with PPROBE=1 imports pprobe at start-up): {live}"
+        )
+        variants: list[tuple[str, str, dict[str, str]]] = [
+            ("absent", sys.executable, env),
+            (
+                "bootstrap, PPROBE=0",
+                sys.executable,
+                {**env, "PYTHONPATH": BOOTSTRAP, "PPROBE": "0"},
+            ),
+            (
+                "bootstrap, on",
+                sys.executable,
+                {**env, "PYTHONPATH": BOOTSTRAP, "PPROBE_OUTPUT": out_dir},
+            ),
+            ("venv, absent", venv_plain, env),
+            ("venv, .pth installed, PPROBE unset", venv_pth, env),
+        ]
+        base_of = {
+            "bootstrap, PPROBE=0": "absent",
+            "bootstrap, on": "absent",
+            "venv, .pth installed, PPROBE unset": "venv, absent",
+        }
+        programs = (
+            ("nothing", "pass", plan.startup_reps_numpy),
+            ("numpy", "import numpy", plan.startup_reps_numpy),
+            ("torch", "import torch", plan.startup_reps_torch),
+        )
+        for mod, code, reps in programs:
+            if not reps:
+                sec.notes.append(f"import {mod}: not measured in this plan (--quick)")
+                continue
+            times: dict[str, list[float]] = {v[0]: [] for v in variants}
+            walls: dict[str, list[float]] = {v[0]: [] for v in variants}
+            errors: dict[str, str] = {}
+            for r in range(reps + 1):  # round 0 warms the page cache and is dropped
+                k = r % len(variants)
+                for name, py, e in variants[k:] + variants[:k]:
+                    rc, _so, se, wall, _rss, cpu = run_process([py, "-c", code], e, root, 300)
+                    if rc != 0:
+                        errors[name] = se.strip()[-300:]
+                    elif r:
+                        times[name].append((cpu if plan.clock == "cpu" else wall) * 1000)
+                        walls[name].append(wall * 1000)
+                    shutil.rmtree(out_dir, ignore_errors=True)
+            fig = sec.figures.setdefault(mod, {"ms": {}, "delta_ms": {}, "samples_ms": times})
+            fig["wall_samples_ms"] = walls
+            for name, _py, _e in variants:
+                if name in errors:
+                    sec.row(name, code, "failed", "", errors[name])
+                    continue
+                ms = median(times[name])
+                fig["ms"][name] = ms
+                b = base_of.get(name)
+                d = paired_delta(times[name], times[b]) if b else None
+                fig["delta_ms"][name] = d
+                ci = ""
+                if b:
+                    lo, hi = paired_ci(times[name], times[b])
+                    fig.setdefault("delta_ci95_ms", {})[name] = [lo, hi]
+                    ci = f" [95% CI {lo:+.1f}, {hi:+.1f}]"
+                sec.row(
+                    name,
+                    f"python -c '{code}' (n={reps})",
+                    f"{ms:.1f}",
+                    "ms",
+                    f"{d:+.1f} ms vs {b}{ci}" if d is not None else "",
+                )
+        sec.figures["pth_live"] = live
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return sec
+
+
+# ------------------------------------------------------------------ 6: dumps
+def _busy_iters(target_s: float = 500e-6) -> int:
+    """Iterations of the children's pure-Python busy loop that take ``target_s`` here."""
+
+    def busy(k: int) -> int:
+        s = 0
+        for i in range(k):
+            s += i
+        return s
+
+    k = 20_000
+    best = min(_timeit(lambda: busy(k)) for _ in range(5))
+    return max(1, int(k * target_s / best))
+
+
+def _timeit(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def dumps(plan: Plan, log: Log) -> Section:
+    sec = Section(
+        "dumps",
+        "6. Dump throughput (np.negative per call: input + output saved = 2 files)",
+    )
+    busy = _busy_iters()
+    sec.notes.append(
+        f"duty cycle: each iteration runs {busy} pure-Python loop iterations (~500 us unprobed)"
+        " then one op; 2 arrays per iteration, so both targets (>= 2,000 arrays/s and <= 2x)"
+        " hold exactly when one dump costs the main thread <= 250 us"
+    )
+    sec.notes.append(
+        "disk = the same bytes as one write() to one new file: 'page cache' without fsync "
+        "(pprobe never fsyncs, so the like-for-like bound), 'fsync' with os.fsync after it"
+    )
+    io_dir = tempfile.mkdtemp(prefix="pprobe-bench-io-")
+    try:
+        for nbytes, count in plan.dump_counts:
+            label = _size(nbytes)
+            dump = {"PPROBE_MODE": "dump"}
+            vs = [
+                Variant("op, no probe", args={"kind": "op"}),
+                Variant("op, pprobe dump", probe=True, env=dump, args={"kind": "op"}),
+                Variant("np.save loop", args={"kind": "np_save", "dir": io_dir}),
+                Variant("disk, page cache", args={"kind": "disk", "dir": io_dir}),
+                Variant("disk, fsync", args={"kind": "disk", "dir": io_dir, "fsync": True}),
+                Variant("duty, no probe", args={"kind": "duty", "busy": busy}),
+                Variant(
+                    "duty, pprobe dump", probe=True, env=dump, args={"kind": "duty", "busy": busy}
+                ),
+            ]
+            runs: dict[str, VariantRuns] = {}
+            args = {**plan.common(), "nbytes": nbytes, "count": count}
+            for r in range(plan.dump_rounds):
+                k = r % len(vs)
+                for v in vs[k:] + vs[:k]:
+                    got = interleave("dump_io", [v], 1, args, log=log)[v.name]
+                    runs.setdefault(v.name, VariantRuns(v)).runs.extend(got.runs)
+                    for f in os.listdir(io_dir):
+                        os.unlink(os.path.join(io_dir, f))
+            sec.keep(runs, prefix=f"{label}/")
+            fig: dict[str, Any] = {}
+            for name, vr in runs.items():
+                if vr.status != "ok":
+                    continue
+                loop = vr.median(lambda o: o.data["loop_s"])
+                files = vr.median(lambda o: _files(o)[0])
+                nb = vr.median(lambda o: _files(o)[1])
+                if not loop or not files:
+                    fig[name] = {"loop_s": loop}
+                    sec.row(name, f"{label}: {count} iterations", _f(loop, 3), "s")
+                    continue
+                fig[name] = {"loop_s": loop, "files_s": files / loop, "mb_s": nb / loop / 1e6}
+                sec.row(
+                    name,
+                    f"{label}: {files:.0f} files, {nb / 1e6:.1f} MB",
+                    f"{files / loop:,.0f} files/s, {nb / loop / 1e6:,.0f} MB/s",
+                    "",
+                    "",
+                )
+            dn, dd = fig.get("duty, no probe"), fig.get("duty, pprobe dump")
+            if dn and dd:
+                dd["slowdown"] = dd["loop_s"] / dn["loop_s"]
+                sec.row(
+                    "duty, pprobe dump", f"{label}: main thread slowdown", f"x{dd['slowdown']:.2f}"
+                )
+            on, od = fig.get("op, no probe"), fig.get("op, pprobe dump")
+            if on and od and od.get("files_s"):
+                per = (od["loop_s"] - on["loop_s"]) / (od["loop_s"] * od["files_s"]) * 1e6
+                od["us_per_file"] = per
+                sec.row(
+                    "op, pprobe dump", f"{label}: main-thread cost per file", f"{per:,.0f}", "us"
+                )
+            sec.figures[label] = fig
+            sec.unavailable({f"{label}/{k}": v for k, v in runs.items()})
+    finally:
+        shutil.rmtree(io_dir, ignore_errors=True)
+    return sec
+
+
+def _files(o: Outcome) -> tuple[float | None, float | None]:
+    return o.data.get("files"), o.data.get("bytes")
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n >> 10} KB"
+
+
+# ------------------------------------------------------------------ 7: query
+def _schema_version() -> str:
+    with open(os.path.join(REPO, "pprobe", "schema.py")) as f:
+        for line in f:
+            if line.startswith("SCHEMA_VERSION"):
+                return line.split("=", 1)[1].strip().strip("\"'")
+    return "?"
+
+
+def _query_log(rows: int, log: Log) -> tuple[str | None, dict[str, Any]]:
+    """A probe-made log of ``rows`` op rows, generated once and cached under bench/.cache/."""
+    d = os.path.join(CACHE, f"query-{rows}")
+    marker = os.path.join(d, "complete.json")
+    version = _schema_version()
+    if os.path.isfile(marker):
+        with open(marker) as f:
+            info = json.load(f)
+        if info.get("schema_version") == version and os.path.isdir(info.get("run_dir", "")):
+            info["cached"] = True
+            return info["run_dir"], info
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    log(f"    generating a {rows:,}-row log (cached in {os.path.relpath(d, REPO)})")
+    v = Variant("log", probe=True, env={"PPROBE_MODE": "log"})
+    o = run_child("query_gen", {"rows": rows, "clock": "wall"}, v, d, timeout=3600)
+    if o.status != "ok":
+        return None, {"error": o.error}
+    facts = o.data["probe"]
+    info = {
+        "rows": facts["rows"],
+        "run_dir": facts["run_dir"],
+        "schema_version": version,
+        "gen_loop_s": o.data["loop_s"],
+        "gen_wall_s": o.wall_s,
+        "gen_finish_s": o.data["finish_s"],
+        "log_mb": sum(
+            os.path.getsize(os.path.join(facts["run_dir"], "log", f))
+            for f in os.listdir(os.path.join(facts["run_dir"], "log"))
+        )
+        / 1e6,
+        "cached": False,
+    }
+    with open(marker, "w") as f:
+        json.dump(info, f, indent=1)
+    return info["run_dir"], info
+
+
+def query(plan: Plan, log: Log) -> Section:
+    sec = Section("query", "7. Query: DuckDB over a probe-made log (pprobe.query)")
+    os.makedirs(CACHE, exist_ok=True)
+    vs = []
+    for n in plan.query_sizes:
+        run_dir, info = _query_log(n, log)
+        label = _rows(n)
+        sec.figures.setdefault(label, {})["log"] = info
+        if run_dir is None:
+            sec.row(label, "generation failed", info.get("error", ""))
+            continue
+        rate = info["rows"] / info["gen_loop_s"]
+        sec.row(
+            label,
+            f"log made by the probe{' (cached)' if info.get('cached') else ''}: "
+            f"{info['rows']:,} rows, {info['log_mb']:.0f} MB on disk",
+            f"{rate:,.0f}",
+            "rows/s while logging",
+        )
+        vs.append(Variant(label, pythonpath=REPO, args={"run": run_dir}))
+    if not vs:
+        return sec
+    # DuckDB runs on every core: its CPU time would count each core; wall time is what a
+    # user waits (the CPU figures are in the JSON too).
+    runs = interleave("query_run", vs, plan.query_rounds, {"clock": "wall"}, log=log)
+    sec.keep(runs)
+    for name, vr in runs.items():
+        if vr.status != "ok":
+            continue
+        fig = sec.figures[name]
+        first = vr.runs[0].data.get("load_s") if vr.runs[0].status == "ok" else None
+        later = [o.data["load_s"] for o in vr.runs[1:] if o.status == "ok"]
+        fig["first_load_s"] = first
+        sec.row(name, "first connect after the run (builds any query cache)", _f(first, 3), "s")
+        if later:
+            fig["later_load_s"] = median(later)
+            sec.row(name, "connect again (cache warm)", _f(median(later), 3), "s")
+        for key, what in (
+            ("load_s", "connect, median of rounds"),
+            ("group_by_s", "GROUP BY op, engine only"),
+            ("join_s", "ops JOIN tensors, engine only"),
+            ("group_by_end_to_end_s", "GROUP BY end to end (run_sql)"),
+            ("join_end_to_end_s", "JOIN end to end (run_sql)"),
+        ):
+            m = vr.median(lambda o, key=key: o.data.get(key))
+            fig[key] = m
+            sec.row(name, what, _f(m, 3), "s")
+        fig["peak_rss_mb"] = vr.median(lambda o: o.maxrss_mb)
+        sec.row(name, "peak RSS of the query process", _f(fig["peak_rss_mb"]), "MB")
+    sec.unavailable(runs)
+    return sec
+
+
+def _rows(n: int) -> str:
+    return f"{n // 1_000_000}M rows" if n >= 1_000_000 else f"{n // 1000}k rows"
+
+
+# ------------------------------------------------------------------ 8: memory
+def memory(plan: Plan, log: Log) -> Section:
+    s1, s2 = plan.memory_steps
+    sec = Section("memory", f"8. Memory: peak RSS in dump mode, {s1} vs {s2} steps")
+    programs = (("mlp_torch", True), ("numpy_mlp", False))
+    if plan.quick:  # torch's memory is in the MLP section's JSON (maxrss_mb) anyway
+        programs = programs[1:]
+    for script, torch in programs:
+        vs = []
+        for steps in (s1, s2):
+            if not plan.quick:  # the smoke run checks the probed runs only
+                vs.append(Variant(f"none, {steps} steps", args={"steps": steps}))
+            vs.append(
+                Variant(
+                    f"dump, {steps} steps",
+                    probe=True,
+                    env={"PPROBE_MODE": "dump"},
+                    needs_torch=torch,
+                    args={"steps": steps},
+                )
+            )
+        runs = interleave(script, vs, plan.memory_rounds, plan.common(), log=log)
+        sec.keep(runs, prefix=script + "/")
+        fig = sec.figures.setdefault(script, {})
+        for name, vr in runs.items():
+            if vr.status != "ok":
+                continue
+            rss = vr.median(lambda o: o.maxrss_mb)
+            d = vr.median(
+                lambda o: ((o.data.get("probe") or {}).get("dumps") or {}).get("bytes_written")
+            )
+            exh = any(
+                ((o.data.get("probe") or {}).get("dumps") or {}).get("exhausted") for o in vr.runs
+            )
+            fig[name] = {"peak_rss_mb": rss, "dump_mb": d / 1e6 if d else None, "exhausted": exh}
+            extra = f" ({d / 1e6:.0f} MB dumped{', budget used up' if exh else ''})" if d else ""
+            sec.row(f"{script}: {name}", "peak RSS" + extra, _f(rss), "MB")
+        sec.unavailable({f"{script}/{k}": v for k, v in runs.items()})
+    return sec
+
+
+SUITES: dict[str, Callable[[Plan, Log], Section]] = {
+    "micro_numpy": lambda p, log: micro(p, log, "numpy"),
+    "micro_torch": lambda p, log: micro(p, log, "torch"),
+    "mlp_torch": mlp_torch,
+    "numpy_programs": numpy_programs,
+    "startup": startup,
+    "dumps": dumps,
+    "query": query,
+    "memory": memory,
+}

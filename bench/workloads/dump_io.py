@@ -1,0 +1,87 @@
+"""Workload 6: how fast arrays reach the disk, and what that costs a computing main thread.
+
+``kind`` picks what this child does with ``count`` arrays of ``nbytes`` bytes (float32):
+- ``op``: ``np.negative(x)`` per array: under pprobe's dump mode each call saves its input
+  and its output (2 files); without the probe it is the unprobed op;
+- ``duty``: the same op after ``busy`` iterations of pure-Python work (the main thread keeps
+  computing between ops: a background writer would have to win the GIL from it);
+- ``np_save``: ``np.save`` of the same two arrays per iteration to new files, no probe;
+- ``disk``: the same total bytes as one large write to one new file (``fsync`` optional).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from _child import ARGS, Span, emit, session
+
+kind = ARGS["kind"]
+nbytes, count = int(ARGS["nbytes"]), int(ARGS["count"])
+busy_iters = int(ARGS.get("busy", 0))
+where = ARGS.get("dir")  # np_save / disk write here (the harness passes a folder it empties)
+x = np.random.default_rng(0).standard_normal(nbytes // 4).astype(np.float32)
+
+
+def busy(k: int) -> int:
+    s = 0
+    for i in range(k):
+        s += i
+    return s
+
+
+def dumped() -> tuple[int, int]:
+    """(files, bytes) pprobe has dumped so far in this process."""
+    s = session()
+    if s is None or s.dumper is None:
+        return 0, 0
+    d = s.dumper.summary()
+    return d["files"], d["bytes_written"]
+
+
+def main() -> None:
+    out: dict = {"kind": kind, "nbytes": nbytes, "count": count}
+    neg = np.negative
+    neg(x)  # warm-up (and its dump) before the timing
+    global where
+    made = None
+    if where is None and kind in ("np_save", "disk"):
+        where = made = tempfile.mkdtemp(prefix="pprobe-bench-io-")
+    f0, b0 = dumped()
+    total = 2 * count * (x.nbytes + 128)
+    if kind == "disk":
+        buf = np.ones(total, dtype=np.uint8)  # touched before the timing: no page faults
+    with Span() as sp:
+        if kind == "op":
+            for _ in range(count):
+                neg(x)
+        elif kind == "duty":
+            for _ in range(count):
+                busy(busy_iters)
+                neg(x)
+        elif kind == "np_save":
+            for i in range(count):
+                y = neg(x)
+                np.save(os.path.join(where, f"in{i}.npy"), x, allow_pickle=False)
+                np.save(os.path.join(where, f"out{i}.npy"), y, allow_pickle=False)
+            out["files"], out["bytes"] = 2 * count, total
+        elif kind == "disk":
+            with open(os.path.join(where, "big.bin"), "wb", buffering=0) as f:
+                f.write(memoryview(buf))
+                if ARGS.get("fsync"):
+                    os.fsync(f.fileno())
+            out["files"], out["bytes"] = 1, total
+    sp.put(out, "loop_s")
+    if kind == "disk" and ARGS.get("fsync"):
+        out["loop_s"] = sp.wall  # waiting for the device is not CPU time
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+    f1, b1 = dumped()
+    if f1 > f0:
+        out["files"], out["bytes"] = f1 - f0, b1 - b0
+    emit(out)
+
+
+main()
