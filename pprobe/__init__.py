@@ -54,8 +54,11 @@ def step(n: int | None = None) -> int:
     """Advance the training step (or set it to ``n``); rows carry the step they ran in."""
     from . import recorder, state
 
-    state.manual_step = True  # the program counts its steps: optimizer hooks stop counting
-    recorder.set_step(state.step + 1 if n is None else int(n))
+    # The program counts its steps: optimizer hooks (torch) stop counting, and what they
+    # counted before this first call is dropped.
+    first = not state.manual_step
+    state.manual_step = True
+    recorder.set_step(((0 if first else state.step) + 1) if n is None else int(n))
     return state.step
 
 

@@ -3,27 +3,97 @@
 Shards are Arrow IPC streams; a shard whose writer was killed is read up to its last complete
 batch (the truncated tail raises, and is ignored). DuckDB's extension auto-install and
 auto-load are off: a query never reaches the network.
+
+The Parquet cache. Decoding every shard on every query costs seconds and gigabytes for a large
+run, so each shard is converted once, batch by batch, to Parquet in ``<run>/log/.cache/``, and
+the views read those files with DuckDB's built-in ``read_parquet`` (projection pushdown,
+parallel scans, nothing held in memory). A cache file is named after what it covers::
+
+    {shard}.{tag}.{start}-{end}.{size}-{mtime_ns}.{crc}.parquet
+
+``tag``: the cache version and a hash of ``schema.py``; ``start``-``end``: the bytes of the
+shard whose batches it holds (``start`` is the first batch, after the schema message); ``size``
+and ``mtime_ns``: the shard's ``os.stat`` when it was last brought up to date; ``crc``: the
+CRC-32 of the shard's 4 KiB before ``end``.
+
+- A shard whose size and mtime match its newest part is read from the cache, unopened.
+- A new shard is cut at batch boundaries into segments of :data:`SEGMENT_BYTES`, converted in
+  parallel (one thread per core), one file each. Older-schema batches are conformed
+  (:func:`_conform`) first: every file has the current schema.
+- A shard that changed (its run is live) is read on from its newest part's ``end``, once the
+  bytes before ``end`` are found unchanged (else it is converted again whole); the small parts
+  that this leaves are merged into the next once there are :data:`MAX_SMALL_PARTS` of them.
+- Files are written under a temporary name and renamed: a query sees whole files only.
+- A run folder that cannot be written puts its cache in ``$TMPDIR/pprobe-cache-{uid}/{hash of
+  the log folder}/``; where neither can be written, the shard is read into memory.
+
+pyarrow (and pprobe.schema, which imports it) is imported only to convert or to read shards
+into memory: a query that the cache answers does without it (a third of the start-up).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import hashlib
 import os
-from typing import Any
+import re
+import stat
+import tempfile
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
-from . import schema
 from .run import resolve_run_dir
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: The views, as in ``schema.TABLES`` (named here so that pprobe.schema need not be imported).
+VIEWS = ("ops", "tensors")
+#: Bump when the cache's layout or the conversion changes: older parts are then ignored.
+CACHE_VERSION = "1"
+#: Shard bytes per cache file: a large shard is converted in parallel, one file per segment.
+SEGMENT_BYTES = 64 << 20
+#: Cache files of a shard smaller than a segment (a live run's increments) before they are
+#: merged into the next one.
+MAX_SMALL_PARTS = 4
+#: Rows per Parquet row group (DuckDB scans row groups in parallel).
+ROW_GROUP_ROWS = 256 * 1024
+#: Bytes before a part's end whose CRC-32 shows the shard was appended to, not rewritten.
+CHECK_BYTES = 4096
+#: A temporary file older than this was left by a killed conversion.
+STALE_TMP_S = 3600.0
+COMPRESSION = "zstd"
+COMPRESSION_LEVEL = 1
+
+_CONFIG: dict[str, Any] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
+_PART = re.compile(
+    r"^(?P<shard>.+\.arrows)\.(?P<tag>[A-Za-z0-9]+)\.(?P<start>\d+)-(?P<end>\d+)"
+    r"\.(?P<size>\d+)-(?P<mtime>\d+)\.(?P<crc>[0-9a-f]{8})\.parquet$"
+)
+_GLOB_CHARS = re.compile(r"[*?\[\]{}]")  # DuckDB globs these, even in a list of file names
 
 
 class QueryError(Exception):
     """Bad SQL: DuckDB's message, then the views and their columns."""
 
 
+# ------------------------------------------------------------------ reading shards
 def read_shard(path: str) -> tuple[list[pa.RecordBatch], bool]:
     """Complete batches of one stream file, and whether its tail was truncated."""
+    import pyarrow as pa
+
     batches: list[pa.RecordBatch] = []
     try:
         with pa.OSFile(path, "rb") as f:
@@ -36,21 +106,38 @@ def read_shard(path: str) -> tuple[list[pa.RecordBatch], bool]:
 
 
 def load_tables(run_dir: str) -> dict[str, pa.Table]:
+    """Every shard of the run decoded into memory (no cache): one Arrow table per view."""
+    import pyarrow as pa
+
+    from . import schema
+
     out = {}
     for name, sch in schema.TABLES.items():
-        batches = []
-        for path in sorted(glob.glob(os.path.join(run_dir, "log", f"{name}-*.arrows"))):
+        batches: list[pa.RecordBatch] = []
+        for path in _shards(run_dir, name):
             got, _truncated = read_shard(path)
-            for b in got:
-                if b.schema.remove_metadata() != sch:
-                    b = _conform(b, sch)
-                batches.append(pa.RecordBatch.from_arrays(b.columns, schema=sch))
+            batches.extend(_conformed(b, sch) for b in got)
         out[name] = pa.Table.from_batches(batches, schema=sch)
     return out
 
 
+def _shards(run_dir: str, name: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(run_dir), "log", f"{name}-*.arrows")))
+
+
+def _conformed(b: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
+    """The batch in schema ``sch`` (without the shard's metadata)."""
+    import pyarrow as pa
+
+    if b.schema.remove_metadata() != sch:
+        return _conform(b, sch)
+    return pa.RecordBatch.from_arrays(b.columns, schema=sch)
+
+
 def _conform(b: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
     """A shard of another schema version: keep known columns, fill missing ones with nulls."""
+    import pyarrow as pa
+
     cols = []
     for f in sch:
         i = b.schema.get_field_index(f.name)
@@ -58,36 +145,644 @@ def _conform(b: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=sch)
 
 
+def _schemas() -> dict[str, pa.Schema]:
+    from . import schema
+
+    return schema.TABLES
+
+
+# ------------------------------------------------------------------ the Parquet cache
+@dataclass(frozen=True)
+class Part:
+    """One cache file: the batches of bytes [start, end) of a shard."""
+
+    path: str
+    start: int
+    end: int
+    size: int
+    mtime_ns: int
+    crc: int
+
+
+@cache
+def _tag() -> str:
+    """The cache version and a hash of schema.py: any schema change makes new cache files."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "schema.py"), "rb") as f:
+            key = hashlib.sha256(f.read()).hexdigest()[:10]
+    except OSError:  # not installed as source files
+        from . import schema
+
+        key = "v" + re.sub(r"[^A-Za-z0-9]", "x", schema.SCHEMA_VERSION)
+    return f"c{CACHE_VERSION}{key}"
+
+
+def _placed(cache_dir: str, shard: str, p: Part) -> Part:
+    """The part with its path: its file name says what it holds (see the module's docstring)."""
+    name = f"{shard}.{_tag()}.{p.start}-{p.end}.{p.size}-{p.mtime_ns}.{p.crc:08x}.parquet"
+    return dataclasses.replace(p, path=os.path.join(cache_dir, name))
+
+
+def cache_dirs(run_dir: str) -> list[str]:
+    """Where a run's cache may live: ``<run>/log/.cache``, then a per-user temporary folder.
+
+    A folder whose path DuckDB would read as a glob pattern is left out.
+    """
+    log_dir = os.path.join(os.path.abspath(run_dir), "log")
+    key = hashlib.sha256(os.path.realpath(log_dir).encode()).hexdigest()[:16]
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    dirs = [
+        os.path.join(log_dir, ".cache"),
+        os.path.join(tempfile.gettempdir(), f"pprobe-cache-{user}", key),
+    ]
+    return [d for d in dirs if not _GLOB_CHARS.search(d)]
+
+
+def _list_parts(cache_dir: str) -> dict[str, list[Part]]:
+    """This cache folder's parts of the current tag, by shard file name."""
+    out: dict[str, list[Part]] = {}
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return out
+    tag = _tag()
+    for n in names:
+        m = _PART.match(n)
+        if m is None or m["tag"] != tag:
+            continue
+        out.setdefault(m["shard"], []).append(
+            Part(
+                os.path.join(cache_dir, n),
+                int(m["start"]),
+                int(m["end"]),
+                int(m["size"]),
+                int(m["mtime"]),
+                int(m["crc"], 16),
+            )
+        )
+    return out
+
+
+def _chain(parts: Iterable[Part]) -> list[Part]:
+    """Parts that follow each other from the shard's first batch; the longest at each step.
+
+    Two queries that converted the same tail at once may leave overlapping parts: one of them
+    is left out here (and deleted by the next conversion).
+    """
+    by_start: dict[int, list[Part]] = {}
+    for p in parts:
+        by_start.setdefault(p.start, []).append(p)
+    if not by_start:
+        return []
+    pos = min(by_start)
+    out: list[Part] = []
+    while pos in by_start:
+        best = max(by_start.pop(pos), key=lambda p: (p.end, p.size, p.mtime_ns))
+        out.append(best)
+        if best.end <= pos:
+            break
+        pos = best.end
+    return out
+
+
+def _crc_before(f: pa.NativeFile, end: int) -> int:
+    n = min(CHECK_BYTES, end)
+    return zlib.crc32(f.read_at(n, end - n)) if n else 0
+
+
+def _read_schema(f: pa.NativeFile) -> tuple[pa.Schema, int] | None:
+    """The stream's schema and the offset of its first batch; None while it has no schema."""
+    import pyarrow as pa
+
+    try:
+        msg = pa.ipc.MessageReader.open_stream(f).read_next_message()
+        if msg.type != "schema":
+            return None
+        return pa.ipc.read_schema(msg), f.tell()
+    except (StopIteration, OSError, pa.ArrowException):
+        return None
+
+
+def _scan(path: str, start: int) -> list[int]:
+    """End offsets of the complete batches from ``start`` (a batch boundary) on.
+
+    Memory-mapped: message bodies are skipped unread (20 ms for a 600 MB shard). Stops at a
+    truncated tail, a batch still being written, or the end-of-stream marker.
+    """
+    import pyarrow as pa
+
+    ends: list[int] = []
+    with pa.memory_map(path) as m:
+        m.seek(start)
+        reader = pa.ipc.MessageReader.open_stream(m)
+        while True:
+            try:
+                msg = reader.read_next_message()
+            except (StopIteration, OSError, pa.ArrowException):
+                break
+            if msg.type != "record batch":
+                break
+            ends.append(m.tell())
+    return ends
+
+
+def _whole(f: pa.NativeFile) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Every complete batch of the stream, each with its end offset (dictionaries included)."""
+    import pyarrow as pa
+
+    f.seek(0)
+    try:
+        reader = pa.ipc.open_stream(f)
+    except (OSError, pa.ArrowException):
+        return
+    while True:
+        try:
+            b = reader.read_next_batch()
+        except (StopIteration, OSError, pa.ArrowException):
+            return  # the end, or a truncated tail
+        yield b, f.tell()
+
+
+def _range(
+    f: pa.NativeFile, src: pa.Schema, start: int, end: int
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The batches in bytes [start, end) (batch boundaries found by :func:`_scan`)."""
+    import pyarrow as pa
+
+    f.seek(start)
+    reader = pa.ipc.MessageReader.open_stream(f)
+    pos = start
+    while pos < end:
+        msg = reader.read_next_message()  # raises if the shard changed under us
+        if msg.type != "record batch":
+            raise pa.ArrowInvalid(f"a {msg.type} message at byte {pos}")
+        batch = pa.ipc.read_record_batch(msg, src)
+        pos = f.tell()
+        yield batch, pos
+    if pos != end:
+        raise pa.ArrowInvalid(f"batches end at byte {pos}, not {end}")
+
+
+class _PartWriter:
+    """A Parquet file written under a temporary name, renamed into place by :meth:`commit`.
+
+    Batches are conformed to the current schema and gathered into row groups of
+    :data:`ROW_GROUP_ROWS` rows: memory stays at about one row group.
+    """
+
+    def __init__(self, cache_dir: str, shard: str, sch: pa.Schema, meta: dict[str, str]) -> None:
+        self.cache_dir = cache_dir
+        self.shard = shard
+        self.tmp = os.path.join(cache_dir, f".{shard}.{uuid.uuid4().hex}.tmp")
+        self.sch = sch
+        self.meta = meta
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_rows = 0
+        self.writer: Any = None
+
+    def add(self, b: pa.RecordBatch) -> None:
+        self.pending.append(_conformed(b, self.sch))
+        self.pending_rows += b.num_rows
+        if self.pending_rows >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self.writer is None:
+            import pyarrow.parquet as pq
+
+            strings = [f.name for f in self.sch if pa.types.is_string(f.type)]
+            self.writer = pq.ParquetWriter(
+                self.tmp,
+                self.sch.with_metadata(self.meta),
+                compression=COMPRESSION,
+                compression_level=COMPRESSION_LEVEL,
+                # Dictionaries for the strings only, min/max for the other columns only (seq,
+                # ts_ns, step: filters skip row groups): the rest costs conversion time.
+                use_dictionary=strings,
+                write_statistics=[n for n in self.sch.names if n not in strings],
+            )
+        if self.pending:
+            t = pa.Table.from_batches(self.pending, schema=self.sch)
+            self.writer.write_table(t, row_group_size=t.num_rows)
+            self.pending = []
+            self.pending_rows = 0
+
+    def commit(self, start: int, end: int, st: os.stat_result | None, crc: int) -> Part:
+        """Close the file and give it its name: bytes [start, end) of the shard; ``st``: the
+        shard's stat, for the last part of a conversion only (the others get 0-0)."""
+        self._flush()
+        self.writer.close()
+        self.writer = None
+        size, mtime_ns = (st.st_size, st.st_mtime_ns) if st is not None else (0, 0)
+        part = Part("", start, end, size, mtime_ns, crc)
+        part = _placed(self.cache_dir, self.shard, part)
+        os.replace(self.tmp, part.path)
+        return part
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:
+                pass
+            try:
+                os.unlink(self.tmp)
+            except OSError:
+                pass
+            self.writer = None
+
+
+@dataclass
+class _Job:
+    """Convert bytes [start, end) of a shard, after the parts in ``merge``, into one part.
+
+    ``end`` None: the whole stream with Arrow's stream reader (dictionary-encoded columns).
+    ``last``: the conversion's last part, the only one named with the shard's (size, mtime): a
+    chain is up to date only when it ends with it, whatever other job failed or was killed.
+    """
+
+    path: str
+    cache_dir: str
+    sch: pa.Schema
+    src: pa.Schema
+    start: int
+    end: int | None
+    merge: list[Part]
+    stat: os.stat_result
+    last: bool = True
+
+
+def _run_job(job: _Job) -> Part | None:
+    """The new part; None when it could not be written (the shard is then read into memory)."""
+    import pyarrow as pa
+
+    shard = os.path.basename(job.path)
+    meta = {k.decode(): v.decode() for k, v in (job.src.metadata or {}).items()}
+    meta.update({"pprobe.cache.source": shard, "pprobe.cache.version": CACHE_VERSION})
+    w = _PartWriter(job.cache_dir, shard, job.sch, meta)
+    try:
+        if job.merge:
+            import pyarrow.parquet as pq
+
+            for p in job.merge:
+                for b in pq.ParquetFile(p.path).iter_batches(batch_size=65536):
+                    w.add(b)
+        with pa.OSFile(job.path, "rb") as f:
+            end = job.start
+            it = _whole(f) if job.end is None else _range(f, job.src, job.start, job.end)
+            for b, end in it:  # noqa: B007 (the last end is the part's)
+                w.add(b)
+            crc = _crc_before(f, end)
+        start = job.merge[0].start if job.merge else job.start
+        return w.commit(start, end, job.stat if job.last else None, crc)
+    except (OSError, pa.ArrowException):
+        return None
+    finally:
+        w.abort()  # after a commit: nothing left to remove
+
+
+@dataclass
+class _Plan:
+    """What one shard needs: ``keep`` (parts still valid), then the parts ``jobs`` will write."""
+
+    path: str
+    cache_dir: str
+    listed: list[Part]
+    keep: list[Part] = field(default_factory=list)
+    jobs: list[_Job] = field(default_factory=list)
+    stat: os.stat_result | None = None
+
+
+def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild: bool) -> _Plan:
+    """Split what is new in the shard into jobs of about :data:`SEGMENT_BYTES` each.
+
+    The chain of ``listed`` parts is read on from its end when the shard was only appended to
+    (its bytes before that end unchanged); its trailing small parts are merged into the new
+    one once there are :data:`MAX_SMALL_PARTS` of them.
+    """
+    import pyarrow as pa
+
+    plan = _Plan(path, cache_dir, listed)
+    with pa.OSFile(path, "rb") as f:
+        st = plan.stat = os.fstat(f.fileno())
+        head = _read_schema(f)
+        if head is None:
+            return plan  # just created, no schema yet: no rows
+        src, first = head
+        if any(pa.types.is_dictionary(t.type) for t in src):  # not readable from the middle
+            plan.jobs = [_Job(path, cache_dir, sch, src, first, None, [], st)]
+            return plan
+        old = [] if rebuild else _chain(listed)
+        if not (
+            old
+            and old[0].start == first
+            and old[-1].end <= st.st_size
+            and _crc_before(f, old[-1].end) == old[-1].crc
+        ):
+            old = []  # new, or rewritten since
+    start = old[-1].end if old else first
+    ends = _scan(path, start)
+    if old and not ends:
+        plan.keep = old  # nothing new: the newest part is renamed (see _finish)
+        return plan
+    ranges: list[tuple[int, int]] = []
+    for e in ends:
+        if ranges and ranges[-1][1] - ranges[-1][0] < SEGMENT_BYTES:
+            ranges[-1] = (ranges[-1][0], e)
+        else:
+            ranges.append((ranges[-1][1] if ranges else start, e))
+    if not ranges:
+        ranges = [(start, start)]  # a part with no rows records the shard's (size, mtime)
+    small = 0
+    while small < len(old) and old[-1 - small].end - old[-1 - small].start < SEGMENT_BYTES:
+        small += 1
+    merge = old[len(old) - small :] if small >= MAX_SMALL_PARTS else []
+    plan.keep = old[: len(old) - len(merge)]
+    plan.jobs = [
+        _Job(path, cache_dir, sch, src, a, b, merge if i == 0 else [], st, i == len(ranges) - 1)
+        for i, (a, b) in enumerate(ranges)
+    ]
+    return plan
+
+
+def _finish(plan: _Plan, made: list[Part | None]) -> list[str] | None:
+    """The shard's files once its jobs ran; None when a job failed."""
+    if any(p is None for p in made):
+        return None
+    shard = os.path.basename(plan.path)
+    chain = plan.keep + [p for p in made if p is not None]
+    st = plan.stat
+    if not plan.jobs and chain and st is not None:
+        # Nothing new (a batch still being written, or the end-of-stream marker): the newest
+        # part is renamed to the shard's new (size, mtime).
+        old = chain[-1]
+        new = dataclasses.replace(old, size=st.st_size, mtime_ns=st.st_mtime_ns)
+        new = _placed(plan.cache_dir, shard, new)
+        try:
+            os.replace(old.path, new.path)
+        except FileNotFoundError:
+            if not os.path.exists(new.path):  # else renamed by a concurrent query
+                return None
+        chain[-1] = new
+    _remove_stale(plan.cache_dir, shard, plan.listed, chain)
+    return [p.path for p in chain]
+
+
+def _remove_stale(cache_dir: str, shard: str, parts: list[Part], chain: list[Part]) -> None:
+    """Delete the shard's listed parts left out of its chain, its parts of another tag, and
+    temporary files of killed conversions.
+
+    Best effort: another query may be reading them (it runs again, see :func:`run_sql`).
+    """
+    keep = {p.path for p in chain}
+    listed = {p.path for p in parts}
+    tag = _tag()
+    now = time.time()
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return
+    for n in names:
+        path = os.path.join(cache_dir, n)
+        m = _PART.match(n)
+        if m is not None and m["shard"] == shard:
+            stale = path not in keep and (m["tag"] != tag or path in listed)
+        elif n.startswith(f".{shard}.") and n.endswith(".tmp"):
+            try:
+                stale = now - os.stat(path).st_mtime > STALE_TMP_S
+            except OSError:
+                continue
+        else:
+            continue
+        if stale:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _writable(d: str, private: bool) -> bool:
+    """Whether cache files can be written in ``d`` (created if needed; ``private``: 0700 and
+    this user's, for the temporary folder)."""
+    try:
+        if private:
+            parent = os.path.dirname(d)
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            st = os.lstat(parent)
+            if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
+                return False
+        os.makedirs(d, mode=0o700 if private else 0o777, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(d, os.W_OK | os.X_OK)
+
+
+@dataclass
+class Sources:
+    """What a view reads: Parquet files, and shards that could only be read into memory."""
+
+    files: list[str] = field(default_factory=list)
+    memory: list[pa.Table] = field(default_factory=list)
+    #: A cache file of this view, even a stale one: its columns for an unfilled view.
+    sample: str | None = None
+
+
+def table_sources(
+    run_dir: str, views: Iterable[str] | None = None, rebuild: bool = False
+) -> dict[str, Sources]:
+    """Each view's Parquet files, converting the shards that are new or changed since.
+
+    Only the views in ``views`` (default: all) are brought up to date; the others get a
+    ``sample`` only. Conversion jobs (every shard, :data:`SEGMENT_BYTES` each) run in parallel,
+    one thread per core. ``rebuild``: convert every shard again and take no sample (a cache
+    file DuckDB could not read).
+    """
+    wanted = VIEWS if views is None else tuple(v for v in VIEWS if v in set(views))
+    dirs = cache_dirs(run_dir)
+    listings = [_list_parts(d) for d in dirs]
+    out = {v: Sources() for v in VIEWS}
+    for listing in [] if rebuild else listings:
+        for shard, parts in listing.items():
+            v = shard.split("-", 1)[0]
+            if v in out and out[v].sample is None and parts:
+                out[v].sample = parts[0].path
+    target: int | None = -1  # index of the folder new parts go to; None: none can be written
+    plans: list[tuple[str, str, _Plan | None]] = []
+    for view in wanted:
+        for path in _shards(run_dir, view):
+            shard = os.path.basename(path)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue  # gone since it was listed
+            fresh = None
+            for listing in [] if rebuild else listings:
+                chain = _chain(listing.get(shard, ()))
+                if chain and (chain[-1].size, chain[-1].mtime_ns) == (st.st_size, st.st_mtime_ns):
+                    fresh = chain
+                    break
+            if fresh is not None:
+                out[view].files.extend(p.path for p in fresh)
+                continue
+            if target == -1:
+                target = next((i for i, d in enumerate(dirs) if _writable(d, i > 0)), None)
+            plan = None
+            if target is not None:
+                listed = listings[target].get(shard, [])
+                try:
+                    plan = _plan(path, _schemas()[view], dirs[target], listed, rebuild)
+                except OSError:
+                    pass  # read into memory
+            plans.append((view, path, plan))
+    jobs = [j for _, _, plan in plans if plan is not None for j in plan.jobs]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(len(jobs), cores or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers, thread_name_prefix="pprobe-cache") as pool:
+            made = dict(zip(map(id, jobs), pool.map(_run_job, jobs)))
+    else:
+        made = {id(j): _run_job(j) for j in jobs}
+    for view, path, plan in plans:
+        files = None if plan is None else _finish(plan, [made[id(j)] for j in plan.jobs])
+        if files is not None:
+            out[view].files.extend(files)
+        else:  # no cache folder can be written: this shard is read into memory
+            import pyarrow as pa
+
+            sch = _schemas()[view]
+            got, _truncated = read_shard(path)
+            out[view].memory.append(
+                pa.Table.from_batches([_conformed(b, sch) for b in got], schema=sch)
+            )
+    return out
+
+
+# ------------------------------------------------------------------ DuckDB
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _read_parquet(files: list[str]) -> str:
+    listed = ", ".join(_quote(p) for p in files)
+    return f"read_parquet([{listed}], hive_partitioning = false, union_by_name = false)"
+
+
+def _register(con: duckdb.DuckDBPyConnection, view: str, src: Sources, fill: bool) -> None:
+    """Define the view over its Parquet files and in-memory shards; empty unless ``fill``."""
+    selects = []
+    if fill and src.files:
+        selects.append(f"SELECT * FROM {_read_parquet(src.files)}")
+    if fill and src.memory:
+        import pyarrow as pa
+
+        mem = f"_pprobe_{view}_memory"
+        con.register(mem, pa.concat_tables(src.memory))
+        selects.append(f"SELECT * FROM {mem}")
+    if not selects:
+        if src.sample is not None:  # the columns, without pyarrow
+            selects.append(f"SELECT * FROM {_read_parquet([src.sample])} LIMIT 0")
+        else:
+            con.register(view, _schemas()[view].empty_table())
+            return
+    con.execute(f"CREATE VIEW {view} AS " + " UNION ALL ".join(selects))
+
+
+def named_tables(sql: str) -> set[str]:
+    """The views a query may read: every view whose name appears in it as a word."""
+    return {v for v in VIEWS if re.search(rf"\b{v}\b", sql, re.IGNORECASE)}
+
+
 def connect(
-    run: str | None = None, extra_tables: dict[str, Any] | None = None
+    run: str | None = None,
+    extra_tables: dict[str, Any] | None = None,
+    *,
+    tables: Iterable[str] | None = None,
+    cache: bool = True,
 ) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with the run's views registered (latest run by default)."""
-    run_dir = resolve_run_dir(run)
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
-    for name, table in load_tables(run_dir).items():
-        con.register(name, table)
-    for name, table in (extra_tables or {}).items():
-        con.register(name, table)
+    """A DuckDB connection with the run's views registered (latest run by default).
+
+    ``tables``: the views to fill (default all); the others have their columns and no rows.
+    ``cache=False``: every shard decoded into memory (:func:`load_tables`), no Parquet cache.
+    """
+    con = _open(resolve_run_dir(run), tables, "cache" if cache else "memory")
+    try:
+        for name, table in (extra_tables or {}).items():
+            con.register(name, table)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _open(run_dir: str, tables: Iterable[str] | None, how: str) -> duckdb.DuckDBPyConnection:
+    """``how``: "cache", "rebuild" (the cache converted again) or "memory"."""
+    con = duckdb.connect(config=_CONFIG)
+    try:
+        if how == "memory":
+            for name, table in load_tables(run_dir).items():
+                con.register(name, table)
+        else:
+            fill = set(VIEWS if tables is None else tables)
+            for view, src in table_sources(run_dir, fill, how == "rebuild").items():
+                _register(con, view, src, view in fill)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
 def describe_views(con: duckdb.DuckDBPyConnection) -> str:
     lines = ["Views and their columns:"]
-    for name in sorted(schema.TABLES):
+    for name in sorted(VIEWS):
         cols = con.execute(f"DESCRIBE {name}").fetchall()
         lines.append(f"  {name}(" + ", ".join(f"{c[0]} {c[1]}" for c in cols) + ")")
     return "\n".join(lines)
 
 
 def run_sql(sql: str, run: str | None = None) -> tuple[list[str], list[tuple]]:
-    """Run one query; returns (column names, rows). Raises :class:`QueryError` on bad SQL."""
-    con = connect(run)
-    try:
-        cur = con.execute(sql)
-    except duckdb.Error as e:
-        raise QueryError(f"{e}\n\n{describe_views(con)}") from None
-    if cur.description is None:
-        return [], []
-    return [d[0] for d in cur.description], cur.fetchall()
+    """Run one query; returns (column names, rows). Raises :class:`QueryError` on bad SQL.
+
+    Only the views the SQL names are filled (a GROUP BY over ``ops`` converts no tensors
+    shard). An error about a cache file is a file deleted under the query by a concurrent
+    conversion, or a damaged file (deleted here): the query runs again, over new files; at the
+    third try, over a cache converted again whole.
+    """
+    run_dir = resolve_run_dir(run)
+    tables = named_tables(sql)
+    dirs = cache_dirs(run_dir)
+    for how in ("cache", "cache", "rebuild"):
+        try:
+            con = _open(run_dir, tables, how)
+        except duckdb.Error as e:  # defining a view reads a file's footer
+            if how != "rebuild" and _drop_named(e, dirs):
+                continue
+            raise QueryError(str(e)) from None
+        try:
+            cur = con.execute(sql)
+            if cur.description is None:
+                return [], []
+            return [d[0] for d in cur.description], cur.fetchall()
+        except duckdb.Error as e:
+            if how != "rebuild" and _drop_named(e, dirs):
+                continue
+            raise QueryError(f"{e}\n\n{describe_views(con)}") from None
+        finally:
+            con.close()
+    raise AssertionError("unreachable")
+
+
+def _drop_named(e: duckdb.Error, dirs: list[str]) -> bool:
+    """Whether DuckDB's error is about a cache file (its first line names one); such a file
+    that still exists cannot be read, and is deleted."""
+    first = str(e).split("\n", 1)[0]
+    if not any(d in first for d in dirs):
+        return False
+    for p in re.findall(r"""['"]([^'"]+\.parquet)['"]""", first):
+        if os.path.dirname(p) in dirs and _PART.match(os.path.basename(p)):
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+    return True

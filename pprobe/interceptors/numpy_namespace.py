@@ -6,9 +6,13 @@ namespace, by a :class:`wrapt.ObjectProxy` subclass whose ``__call__`` goes thro
 and an object exported under two names stays one object. Proxies keep what NumPy and users
 rely on (FINDINGS 2): ``isinstance(np.add, np.ufunc)``, ``.reduce/.accumulate/.reduceat/.outer/
 .at`` and ``.nin/.nout/.types``, docstrings, ``inspect.signature`` (via ``__wrapped__``), ``==``
-and hashing (dict keys), pickling by reference and deepcopy. Known difference:
-``type(np.add) is np.ufunc`` and ``func is np.add`` inside ``__array_ufunc__`` /
-``__array_function__`` are False.
+and hashing (dict keys), pickling by reference and deepcopy; ``__wrapped__`` is the original's
+own where it has one (a dispatcher's implementation). C code that reads ``numpy.add`` and needs
+a real ufunc gets the original: extension modules while they are imported (the importing
+thread only), and the NumPy functions listed in ``UFUNC_READERS``/``UFUNC_TAKERS``. Known
+difference: ``type(np.add) is np.ufunc``, ``func is np.add`` inside ``__array_ufunc__`` /
+``__array_function__`` (and ``func is np.full`` for a ``like=`` call), and
+``pickle.loads(...) is np.cos`` are False (NumPy hands out the originals).
 
 Submodules NumPy loads lazily (numpy.fft, numpy.random, ...) are patched by post-import hooks
 when the program imports them. :func:`uninstall` puts every original back.
@@ -17,8 +21,10 @@ when the program imports them. :func:`uninstall` puts every original back.
 from __future__ import annotations
 
 import copyreg
+import functools
 import importlib
 import sys
+import threading
 import types
 from typing import Any
 
@@ -106,17 +112,29 @@ _UFUNC_METHODS = ("reduce", "accumulate", "reduceat", "outer", "at")
 class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     """A recorded NumPy function (array-function dispatcher, builtin, or Python function)."""
 
+    __slots__ = ("_self_op", "_self_orig")
+
     def __init__(self, wrapped: Any, op: recorder.Op) -> None:
         super().__init__(wrapped)
         self._self_op = op
+        self._self_orig = wrapped
+
+    @property  # type: ignore[override]
+    def __wrapped__(self) -> Any:
+        # What the original's own ``__wrapped__`` is where it has one: an array-function
+        # dispatcher's is its implementation (``np.concatenate.__wrapped__`` is the C function,
+        # NumPy's test_multiarray.py reads its __text_signature__). Otherwise the original
+        # itself, which inspect.signature() and help() follow.
+        orig = self._self_orig
+        return getattr(orig, "__wrapped__", orig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_op, self.__wrapped__, args, kwargs)
+        return _call(self._self_op, self._self_orig, args, kwargs)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Pickle by reference, like the original: pickle's save_global finds the proxy under
         # the original's module and name, so the name alone is the reduce value.
-        w = self.__wrapped__
+        w = self._self_orig
         mod = sys.modules.get(getattr(w, "__module__", None) or "")
         name = getattr(w, "__qualname__", None) or getattr(w, "__name__", None)
         if mod is not None and name and getattr(mod, name, None) is self:
@@ -129,14 +147,14 @@ class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # Functions and array-function dispatchers are descriptors: stored on a class
         # (``class Vec(np.ndarray): total = np.sum``) they bind to the instance. Ufuncs are not.
-        if instance is None or not hasattr(type(self.__wrapped__), "__get__"):
+        if instance is None or not hasattr(type(self._self_orig), "__get__"):
             return self
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         # wrapt's default names the proxy ("<FunctionProxy at 0x.. for ufunc>"): printing
         # np.add, help(np.sum) or a list of functions must show what it showed unprobed.
-        return repr(self.__wrapped__)
+        return repr(self._self_orig)
 
     def __copy__(self) -> Any:
         return self
@@ -149,7 +167,7 @@ class HiddenProxy(FunctionProxy):
     """A helper that is never a row; what it calls inside is hidden too."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _hidden(self.__wrapped__, args, kwargs)
+        return _hidden(self._self_orig, args, kwargs)
 
 
 class UfuncProxy(FunctionProxy):
@@ -163,19 +181,19 @@ class UfuncProxy(FunctionProxy):
         }
 
     def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_mops["reduce"], self.__wrapped__.reduce, args, kwargs)
+        return _call(self._self_mops["reduce"], self._self_orig.reduce, args, kwargs)
 
     def accumulate(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_mops["accumulate"], self.__wrapped__.accumulate, args, kwargs)
+        return _call(self._self_mops["accumulate"], self._self_orig.accumulate, args, kwargs)
 
     def reduceat(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_mops["reduceat"], self.__wrapped__.reduceat, args, kwargs)
+        return _call(self._self_mops["reduceat"], self._self_orig.reduceat, args, kwargs)
 
     def outer(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_mops["outer"], self.__wrapped__.outer, args, kwargs)
+        return _call(self._self_mops["outer"], self._self_orig.outer, args, kwargs)
 
     def at(self, *args: Any, **kwargs: Any) -> Any:
-        return _call(self._self_mops["at"], self.__wrapped__.at, args, kwargs)
+        return _call(self._self_mops["at"], self._self_orig.at, args, kwargs)
 
 
 for _m in _UFUNC_METHODS:  # help(np.add.reduce) and inspect.signature as unprobed
@@ -310,11 +328,154 @@ def _uninstall_reducers() -> None:
     _saved_reducers.clear()
 
 
+# ------------------------------------------------------------------ extension modules
+# C extensions that add loops to NumPy's ufuncs when they are imported (NumPy's own
+# _rational_tests, ml_dtypes' bfloat16, ...) fetch ``numpy.add`` with PyObject_GetAttrString
+# and cast it to ``PyUFuncObject *`` without a type check: a proxy there is read as a ufunc
+# (garbage ``nargs``: "ufunc add takes 312429120 arguments") and would be written to. New-style
+# dtypes look up np.sort/np.argsort the same way. So while an extension module is created and
+# executed, *the importing thread* reads the original objects from the patched modules: their
+# class is switched to :class:`_OriginalsModule` for that time, whose ``__getattribute__``
+# answers that thread with the originals and every other thread as usual (the proxies).
+class _ExtLocal(threading.local):
+    depth = 0  # extension inits this thread is inside
+
+
+_ext_local = _ExtLocal()
+_ext_lock = threading.Lock()
+_ext_active = 0  # extension inits under way, all threads
+_ext_originals: dict[tuple[int, str], Any] = {}  # (id(module), attr) -> original
+_ext_modules: list[types.ModuleType] = []  # modules whose class is _OriginalsModule
+_ext_saved: dict[str, Any] = {}
+
+
+class _OriginalsModule(types.ModuleType):
+    def __getattribute__(self, name: str) -> Any:
+        if _ext_local.depth:
+            orig = _ext_originals.get((id(self), name))
+            if orig is not None:
+                return orig
+        return types.ModuleType.__getattribute__(self, name)
+
+
+class _OriginalsForThisThread:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        global _ext_active
+        _ext_local.depth += 1
+        with _ext_lock:
+            _ext_active += 1
+            if _ext_active > 1:
+                return
+            for mod, attr, orig in _patched:
+                if vars(mod).get(attr) is _proxies.get(id(orig)):
+                    _ext_originals[(id(mod), attr)] = orig
+                    if type(mod) is types.ModuleType and mod not in _ext_modules:
+                        mod.__class__ = _OriginalsModule
+                        _ext_modules.append(mod)
+
+    def __exit__(self, *exc: object) -> None:
+        global _ext_active
+        _ext_local.depth -= 1
+        with _ext_lock:
+            _ext_active -= 1
+            if _ext_active:
+                return
+            for mod in _ext_modules:
+                if type(mod) is _OriginalsModule:
+                    mod.__class__ = types.ModuleType  # type: ignore[assignment]
+            _ext_modules.clear()
+            _ext_originals.clear()
+
+
+_GUARD = _OriginalsForThisThread()
+#: NumPy C functions that fetch public ufuncs by name when *called* (not at import) and refuse
+#: a proxy ("numpy.multiply was not a ufunc!"): they run with the original ufuncs in place.
+#: ``_get_sfloat_dtype`` (the scaled-float test dtype of NumPy's test suite) registers its
+#: loops on numpy.multiply, numpy.add... the first time it is called.
+UFUNC_READERS = {"numpy._core._multiarray_umath": ("_get_sfloat_dtype",)}
+#: NumPy C functions that type-check a ufunc argument (``_add_newdoc_ufunc() argument 1 must be
+#: numpy.ufunc, not UfuncProxy``): a proxy passed to them is replaced by its original.
+UFUNC_TAKERS = {
+    "numpy._core.umath": ("_add_newdoc_ufunc",),
+    "numpy._core._multiarray_umath": ("_add_newdoc_ufunc",),
+}
+_readers: list[tuple[types.ModuleType, str, Any]] = []
+
+
+def _guarded(f: Any) -> Any:
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with _GUARD:
+            return f(*args, **kwargs)
+
+    return guarded
+
+
+def _unwrapping(f: Any) -> Any:
+    def unwrapping(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(a._self_orig if isinstance(a, FunctionProxy) else a for a in args)
+        return f(*args, **kwargs)
+
+    return unwrapping
+
+
+def _guard_ufunc_readers() -> None:
+    for table, make in ((UFUNC_READERS, _guarded), (UFUNC_TAKERS, _unwrapping)):
+        for modname, names in table.items():
+            mod = sys.modules.get(modname)
+            if mod is None:
+                continue
+            for name in names:
+                f = getattr(mod, name, None)
+                if f is None or any(m is mod and n == name for m, n, _ in _readers):
+                    continue
+                setattr(mod, name, functools.update_wrapper(make(f), f))
+                _readers.append((mod, name, f))
+
+
+def _unguard_ufunc_readers() -> None:
+    for mod, name, f in reversed(_readers):
+        setattr(mod, name, f)
+    _readers.clear()
+
+
+def _install_extension_guard() -> None:
+    from importlib.machinery import ExtensionFileLoader as L
+
+    _guard_ufunc_readers()
+    if _ext_saved:
+        return
+    guard = _GUARD
+    create, execute = L.create_module, L.exec_module
+
+    def create_module(self: Any, spec: Any) -> Any:
+        with guard:
+            return create(self, spec)
+
+    def exec_module(self: Any, module: Any) -> None:
+        with guard:
+            return execute(self, module)
+
+    _ext_saved.update(create_module=create, exec_module=execute)
+    L.create_module, L.exec_module = create_module, exec_module  # type: ignore[method-assign]
+
+
+def _uninstall_extension_guard() -> None:
+    from importlib.machinery import ExtensionFileLoader as L
+
+    for name, orig in _ext_saved.items():
+        setattr(L, name, orig)
+    _ext_saved.clear()
+    _unguard_ufunc_readers()
+
+
 def install() -> dict[str, Any]:
     """Patch numpy now and its submodules as they are imported. Returns coverage facts."""
     global _installed, _hooks_registered
     numpy_arrays.register()
     _install_reducers()
+    _install_extension_guard()
     recorder.add_internal_path(np.__file__, owner="numpy")
     recorder.add_internal_path(wrapt.__file__)  # its import-hook loader runs module bodies
     _installed = True
@@ -342,6 +503,7 @@ def uninstall() -> None:
     _installed = False
     numpy_ndarray.uninstall()
     _uninstall_reducers()
+    _uninstall_extension_guard()
     for mod, attr, orig in reversed(_patched):
         if getattr(mod, attr, None) is _proxies.get(id(orig)):
             setattr(mod, attr, orig)

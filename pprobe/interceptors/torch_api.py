@@ -1,0 +1,368 @@
+"""Where PyTorch is probed: a process-wide TorchFunctionMode, and the other torch levels.
+
+``install()`` runs when the program imports torch (a post-import hook of the session). It
+enters, once and with no ``with`` block, the modes the capture levels ask for
+(``torch_levels`` / PPROBE_TORCH_LEVEL, docs/torch.md):
+
+- ``api`` (default): a ``TorchFunctionMode``. torch.* functions, Tensor methods and
+  operators, torch.nn.functional: the outermost call only (PyTorch takes the mode off its
+  stack while the mode's ``__torch_function__`` runs, so calls made inside are not seen:
+  the ``aten`` level shows what a call did). Property reads (``x.shape``, ``p.grad`` arrive as
+  ``__get__``) and a few introspection calls are not rows (:data:`SKIP`).
+- ``aten``: a ``TorchDispatchMode``: every ATen op, backward included, each row's ``phase``
+  ``forward`` or ``backward``. An aten row inside an api row is recorded too (depth 1, the api
+  row as parent): the levels nest, the outermost-call rule holds within a level.
+- ``module``: nn.Module calls as rows (:mod:`.torch_modules`).
+
+Mode stacks are thread-local: threads started later enter the modes in
+``Thread._bootstrap_inner``; forked processes inherit them; spawn/forkserver children run
+the bootstrap and import torch again. Module paths, steps and ranks: :mod:`.torch_modules`,
+:mod:`.torch_dist`. While dynamo traces (``torch.compiler.is_compiling()``), every handler is
+a pass-through that dynamo traces away, so the compiled graph is the unprobed one; what runs
+in Python when it executes (the wrapper's extern kernels such as ``torch.addmm``) is recorded,
+fused kernels are not.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .. import _report, recorder, state
+from ..state import INTERNAL
+from . import torch_dist, torch_modules, torch_values
+
+_local: Any = state.local
+_call = recorder.call
+_is_compiling = torch.compiler.is_compiling
+_task_id = torch._C._current_graph_task_id
+
+#: Calls that are not operations: property access, introspection, grad-mode switches.
+SKIP = frozenset(
+    {
+        "__get__",
+        "__set__",
+        "__delete__",
+        "__repr__",
+        "__str__",
+        "__format__",
+        "__hash__",
+        "__len__",
+        "__dir__",
+        "__reduce_ex__",
+        "__reduce__",
+        "__setstate__",
+        "__getstate__",
+        "__deepcopy__",
+        "__torch_function__",
+        "_set_grad_enabled",
+        "is_grad_enabled",
+        "is_inference_mode_enabled",
+        "_is_view",
+        "_has_compatible_shallow_copy_type",
+        "dim",
+        "ndimension",
+        "size",
+        "stride",
+        "numel",
+        "nelement",
+        "element_size",
+        "storage_offset",
+        "data_ptr",
+        "untyped_storage",
+        "storage",
+        "_typed_storage",
+        "is_contiguous",
+        "is_floating_point",
+        "is_complex",
+        "is_signed",
+        "is_inference",
+        "get_device",
+        "has_names",
+        "device",
+        "is_tensor",
+        "is_storage",
+        "_version",
+    }
+)
+#: Bookkeeping ops: torch.profiler.record_function (the optimizers use it), ...
+SKIP_PREFIXES = ("profiler.", "torch.autograd.profiler.", "torch._C._log_api_usage")
+_SKIP_OP: Any = object()  # in the op caches: "never a row"
+
+_api_ops: dict[Any, Any] = {}
+_aten_ops: dict[Any, Any] = {}
+_on = False
+_api_mode: Any = None
+_aten_mode: Any = None
+_levels: tuple[str, ...] = ()
+_sync = False
+_orig_bootstrap: Any = None
+_entered = threading.local()  # this thread has entered our modes
+_retired: list[Any] = []  # modes of earlier installs, kept alive (see uninstall())
+_atexit_done = False
+_C: Any = torch._C
+
+
+# ---------------------------------------------------------------------- naming
+def _api_name(func: Any) -> tuple[str, str] | None:
+    name = resolve_name(func)
+    if name is None:
+        mod = getattr(func, "__module__", None) or ""
+        short = getattr(func, "__name__", None) or repr(func)
+        if mod in ("torch", "torch._C", "torch._C._VariableFunctions") or not mod:
+            mod = "torch"
+        name = f"{mod}.{short}"
+    short = name.rsplit(".", 1)[-1]
+    if short in SKIP or name.startswith(SKIP_PREFIXES):
+        return None
+    if name.startswith("torch.Tensor."):
+        return name, ("operator" if short.startswith("__") else "method")
+    return name, "function"
+
+
+def _api_op(func: Any) -> Any:
+    try:
+        named = _api_name(func)
+        op = _SKIP_OP if named is None else recorder.op(named[0], named[1], "torch")
+    except Exception as e:
+        _report.internal_error("naming a torch function", e)
+        return _SKIP_OP
+    try:
+        _api_ops[func] = op
+    except TypeError:  # unhashable callable: named again next time
+        pass
+    return op
+
+
+def _aten_op(func: Any) -> Any:
+    try:
+        name = str(func)  # aten.addmm.default; a higher-order op's name (cond)
+        if name.startswith(("aten.sym_", "prim.", "profiler.")):
+            op = _SKIP_OP
+        else:
+            op = recorder.op(name, "aten", "torch")
+        _aten_ops[func] = op
+    except Exception as e:
+        _report.internal_error("naming an ATen op", e)
+        return _SKIP_OP
+    return op
+
+
+# ---------------------------------------------------------------------- the modes
+class _Sync:
+    """PPROBE_SYNC: wait for the device after the op, so the row's time covers its work."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        r = self.fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return r
+
+
+def _maybe_sync(fn: Any) -> Any:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()  # earlier queued work is not this op's
+        return _Sync(fn)
+    return fn
+
+
+class ApiMode(TorchFunctionMode):
+    """The ``api`` level: one row per torch call the program makes."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if _is_compiling() or not recorder._active or not _on:
+            return func(*args, **kwargs)
+        op = _api_ops.get(func)
+        if op is None:
+            op = _api_op(func)
+        if op is _SKIP_OP:
+            return func(*args, **kwargs)
+        loc = _local
+        phase = loc.phase
+        loc.phase = "backward" if _task_id() != -1 else "forward"
+        try:
+            if _sync:
+                func = _maybe_sync(func)
+            return _call(op, func, args, kwargs)
+        finally:
+            loc.phase = phase
+
+
+class AtenMode(TorchDispatchMode):
+    """The ``aten`` level: one row per ATen op, backward included."""
+
+    # Higher-order ops (torch.cond, ...) come here instead of raising under the mode.
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile turns the mode off while it compiles and back on to run the compiled
+        # artifact, instead of falling back to eager: compiled results stay what they are.
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if not recorder._active or not _on:
+            return func(*args, **kwargs)
+        op = _aten_ops.get(func)
+        if op is None:
+            op = _aten_op(func)
+        loc = _local
+        depth = loc.depth
+        if op is _SKIP_OP or depth >= INTERNAL or not op.selected:
+            return func(*args, **kwargs)
+        if op.sampled and not op.take():
+            return func(*args, **kwargs)
+        phase = loc.phase
+        loc.phase = "backward" if _task_id() != -1 else "forward"
+        try:
+            if _sync:
+                func = _maybe_sync(func)
+            # Recorded at any depth: an aten op inside an api row is that row's child.
+            return recorder._record(op, func, args, kwargs, depth)
+        finally:
+            loc.phase = phase
+
+
+def _enter_modes() -> None:
+    """Enter our modes in the thread that installs the probe (the modes' own __enter__)."""
+    if getattr(_entered, "done", False):
+        return
+    _entered.done = True
+    if _aten_mode is not None:
+        _aten_mode.__enter__()
+    if _api_mode is not None:
+        _api_mode.__enter__()
+
+
+def _bootstrap_inner(self: threading.Thread) -> None:
+    # Runs in every new thread: threading.Thread._bootstrap_inner calls run(), also when a
+    # subclass overrides run(). Pushing directly on this thread's stacks leaves the dispatch
+    # mode's process-wide flags to the installing thread's __enter__/__exit__.
+    pushed = False
+    if _on and not self.name.startswith("pprobe"):
+        try:
+            if _aten_mode is not None:
+                _C._push_on_torch_dispatch_stack(_aten_mode)
+            if _api_mode is not None:
+                _C._push_on_torch_function_stack(_api_mode)
+            pushed = True
+        except Exception as e:
+            _report.internal_error("entering the torch modes in a thread", e)
+    try:
+        _orig_bootstrap(self)
+    finally:
+        if pushed:
+            # The thread's C++ stacks would otherwise drop their references to the modes in
+            # its thread-local destructors, after Python let the thread go: taking the GIL
+            # there while the interpreter finalizes aborts the process (std::terminate).
+            _leave_thread()
+
+
+def _leave_thread() -> None:
+    """Pop our modes (current or retired) off the top of this thread's stacks."""
+    try:
+        n = _C._len_torch_function_stack()
+        while n and isinstance(_C._get_function_stack_at(n - 1), ApiMode):
+            _C._pop_torch_function_stack()
+            n -= 1
+        n = _C._len_torch_dispatch_stack()
+        while n and isinstance(_C._get_dispatch_stack_at(n - 1), AtenMode):
+            _C._pop_torch_dispatch_stack(None)
+            n -= 1
+    except Exception as e:
+        _report.internal_error("leaving the torch modes in a thread", e)
+
+
+def _leave_modes() -> None:
+    """Leave our modes in the installing thread where they are on top of its stacks."""
+    from torch.overrides import _get_current_function_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    api: Any = _api_mode
+    aten: Any = _aten_mode
+    if api is not None and _get_current_function_mode() is api:
+        api.__exit__(None, None, None)
+    if aten is not None and _get_current_dispatch_mode() is aten:
+        aten.__exit__(None, None, None)  # type: ignore[union-attr]
+    _entered.done = False
+
+
+def _at_exit() -> None:
+    # Same reason as in _bootstrap_inner, for the installing (main) thread: its C++ stacks
+    # are destroyed after the interpreter finalized.
+    if _on:
+        try:
+            _leave_modes()
+        except Exception as e:
+            _report.internal_error("leaving the torch modes at exit", e)
+
+
+# ---------------------------------------------------------------------- install
+def install() -> dict[str, Any]:
+    """Enter the modes, install hooks and patches. Returns coverage facts for meta.json."""
+    global _on, _api_mode, _aten_mode, _levels, _sync, _orig_bootstrap
+    cfg = recorder._cfg
+    _levels = tuple(getattr(cfg, "torch_levels", ("api",)))
+    params = tuple(getattr(cfg, "torch_params", ()))
+    _sync = bool(getattr(cfg, "sync", False))
+    torch_values.register()
+    recorder.add_internal_path(torch.__file__)
+    _on = True
+    _api_mode = ApiMode() if "api" in _levels else None
+    _aten_mode = AtenMode() if "aten" in _levels else None
+    # aten rows nest in api rows, and rows in module rows: their ``parent`` must be kept
+    recorder.want_parents("aten" in _levels or "module" in _levels)
+    _entered.done = False
+    _enter_modes()
+    global _atexit_done
+    if not _atexit_done:
+        _atexit_done = True
+        atexit.register(_at_exit)  # after the session's: runs before it (LIFO)
+    if _orig_bootstrap is None and hasattr(threading.Thread, "_bootstrap_inner"):
+        _orig_bootstrap = threading.Thread._bootstrap_inner
+        threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
+    facts: dict[str, Any] = {"torch_version": torch.__version__, "levels": list(_levels)}
+    # Each part on its own: a failure in one leaves the others working (and is reported).
+    try:
+        facts.update(torch_modules.install(_levels, params))
+    except Exception as e:
+        _report.internal_error("installing the torch module hooks", e)
+    try:
+        facts.update(torch_dist.install())
+    except Exception as e:
+        _report.internal_error("probing torch.distributed", e)
+    return {"torch": facts}
+
+
+def uninstall() -> None:
+    """Leave the modes (this thread), remove hooks and patches. Modes entered by other
+    threads stay on their stacks but do nothing (a thread's mode stack is its own)."""
+    global _on, _orig_bootstrap, _api_mode, _aten_mode
+    _on = False
+    recorder.want_parents(False)
+    try:
+        _leave_modes()
+    finally:
+        if _orig_bootstrap is not None:
+            threading.Thread._bootstrap_inner = _orig_bootstrap  # type: ignore[attr-defined]
+            _orig_bootstrap = None
+        # Threads that entered the modes keep them on their own stacks (inert now). Their
+        # C++ thread-local stacks drop those references when the threads end, possibly while
+        # the interpreter finalizes: the last reference must never be theirs.
+        _retired.extend(m for m in (_api_mode, _aten_mode) if m is not None)
+        _api_mode = _aten_mode = None
+        torch_modules.uninstall()
+        torch_dist.uninstall()
