@@ -174,8 +174,10 @@ def _point_latest(base: str, run_id: str) -> None:
 
 
 def resolve_run_dir(path: str | None, output: str = "np_op_dumps") -> str:
-    """A run folder from a user's --run argument: a run folder, or an output folder (latest)."""
-    p = os.path.abspath(path or output)
+    """A run folder from a user's --run argument: a run folder, or an output folder (latest).
+
+    Without one: the latest run under $PPROBE_OUTPUT, else under ./np_op_dumps."""
+    p = os.path.abspath(path or os.environ.get("PPROBE_OUTPUT") or output)
     if os.path.isfile(os.path.join(p, "meta.json")) or os.path.isdir(os.path.join(p, "log")):
         return p
     latest = os.path.join(p, "latest")
