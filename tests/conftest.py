@@ -64,7 +64,12 @@ def make_venv(path: Path, system_site: bool = False) -> Path:
             text=True,
         ).stdout.strip()
         # Sorted before pprobe-auto.pth: site runs .pth files in name order.
-        Path(purelib, "00-system.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        # Every site folder this interpreter sees (its own, and its base's when it is itself a
+        # venv with system site packages, as in an isolated CI run).
+        dirs = [sysconfig.get_paths()["purelib"]] + [
+            p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))
+        ]
+        Path(purelib, "00-system.pth").write_text("\n".join(dict.fromkeys(dirs)) + "\n")
     return py
 
 

@@ -28,13 +28,15 @@ QUERY = (
 )
 
 
-def query(tmp_path: Path, *args: str, cwd: Path | None = None):
+def query(tmp_path: Path, *args: str, cwd: Path | None = None, output: str | None = None):
+    """``pprobe query``; without --run it reads $PPROBE_OUTPUT's latest run (``output``), or
+    ./np_op_dumps when that is None."""
     return run(
         [PYTHON, "-m", "pprobe", "query", *args],
         tmp_path,
         probe=False,
         cwd=cwd,
-        env={"PYTHONPATH": str(REPO)},
+        env={"PYTHONPATH": str(REPO), "PPROBE_OUTPUT": output},
     )
 
 
@@ -110,8 +112,12 @@ def test_latest_run_is_the_default(tmp_path: Path) -> None:
     second.check()
     assert len(second.runs) == 2
     q = "SELECT DISTINCT run_id FROM ops"
-    for args, cwd in [((), work), (("--run", str(out)), tmp_path)]:
-        j = query(tmp_path, q, *args, "--format", "json", cwd=cwd).check()
+    for args, cwd, output in [
+        ((), work, None),  # ./np_op_dumps
+        ((), tmp_path, str(out)),  # $PPROBE_OUTPUT
+        (("--run", str(out)), tmp_path, None),
+    ]:
+        j = query(tmp_path, q, *args, "--format", "json", cwd=cwd, output=output).check()
         assert json.loads(j.out) == [{"run_id": second.run_dir.name}]
     first_run = [p for p in second.runs if p != second.run_dir][0]
     j = query(tmp_path, q, "--run", str(first_run), "--format", "json").check()
