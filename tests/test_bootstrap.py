@@ -19,19 +19,21 @@ NUMPY_PROG = """
 """
 
 
-def test_source_tree_bootstrap_without_install(tmp_path: Path) -> None:
-    # Precondition: from tmp_path (not the checkout) pprobe is not importable at all.
+def test_source_tree_bootstrap_without_install(tmp_path: Path, venv_python: Path) -> None:
+    # A venv that sees numpy & co. but not pprobe: an editable install (as CI and
+    # run_tests.sh make) lives in a .pth that this venv does not process.
     r = run(
-        [PYTHON, "-c", "import importlib.util as u; print(u.find_spec('pprobe'))"],
+        [str(venv_python), "-c", "import importlib.util as u; print(u.find_spec('pprobe'))"],
         tmp_path,
         probe=False,
     ).check()
-    if r.out.strip() != "None":  # an installed pprobe wins over the checkout, by design
+    if r.out.strip() != "None":  # a regular install in site-packages wins, by design
         pytest.skip(f"pprobe is installed ({r.out.strip()}): this test needs it uninstalled")
 
     r = run_script(
         tmp_path,
-        """
+        python=str(venv_python),
+        source="""
         import sys
         import numpy as np
         np.add(np.ones(3), 1)
