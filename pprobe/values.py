@@ -77,21 +77,6 @@ class Text(str):
     __slots__ = ()
 
 
-class Opaque:
-    """Stands for an argument pprobe does not repr (arbitrary objects may be slow or unsafe).
-
-    Kept for readers of older code; :func:`collect` now stores the text itself (a row must not
-    keep the argument's class alive)."""
-
-    __slots__ = ("tp",)
-
-    def __init__(self, tp: type) -> None:
-        self.tp = tp
-
-    def __repr__(self) -> str:
-        return f"<{self.tp.__module__}.{self.tp.__qualname__}>"
-
-
 class _Kind:
     """How values of one Python type are kept in a row (arrays have their handler instead).
 

@@ -512,7 +512,3 @@ def uninstall() -> None:
         except AttributeError:
             pass
     _patched.clear()
-
-
-def patched_count() -> int:
-    return len(_patched)
