@@ -105,10 +105,7 @@ class Run:
             "coverage": self.coverage,
             "dumps": dumper.summary() if dumper is not None else None,
             "rows_written": writer.rows_written if writer is not None else 0,
-            "errors": [
-                {k: v for k, v in e.items() if k != "traceback"} | {"traceback": e["traceback"]}
-                for e in _report.errors
-            ],
+            "errors": [dict(e) for e in _report.errors],
             "warnings": list(_report.warnings),
             **self.extra,
         }
