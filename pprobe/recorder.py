@@ -15,6 +15,7 @@ Rules (docs/how-it-works.md):
 from __future__ import annotations
 
 import os
+import struct
 import sys
 import threading
 from collections import deque
@@ -27,14 +28,25 @@ from . import _report, state, values
 from .state import INTERNAL
 
 #: Raw rows waiting for the writer. deque.append/popleft are atomic: no lock, no lost row.
-#: One flat tuple per call: (seq, op index, t0, t1, thread ident, step, depth, parent,
-#: call-site index, status, module path, phase, n_descs, n_others, then n_descs tensor
-#: descriptions of 9 fields each, then n_others (idx, value) pairs). Flat, and made of ints,
-#: strings and tuples of numbers only, so the garbage collector soon stops tracking buffered
-#: rows (nested containers kept every collection walking all of them: FINDINGS, bench item 1).
-ROW_HEAD = 14
+#: One flat tuple per call: (head, status, module path, phase, then n_descs tensor
+#: descriptions of 9 fields each, then n_others (idx, value) pairs). ``head`` is bytes,
+#: :data:`HEAD` packing (seq, op index, t0, t1, thread ident, step, depth, parent, call-site
+#: index, n_descs, n_others). Flat, and made of ints, strings, bytes and tuples of numbers
+#: only, so the garbage collector soon stops tracking buffered rows (nested containers kept
+#: every collection walking all of them: FINDINGS, bench item 1).
+#:
+#: A row holds no cached small int (-5..256): before Python 3.12 those are shared, refcounted
+#: objects and NumPy's tests count their references around a call (``dim = 1;
+#: np.zeros([dim] * 10)``). So the head's numbers are packed, a description's shape is packed
+#: bytes (:func:`values.pack_shape`), statistics' counts are floats, and an argument that is
+#: a small int (or a short sequence holding one) is a pair (None, ...): see values.arg_text.
+HEAD = struct.Struct("=4qQ6q")
+HEAD_FIELDS = ("seq", "op", "t0", "t1", "thread", "step", "depth", "parent", "site",
+               "n_descs", "n_others")  # fmt: skip
+ROW_HEAD = 4
 DESC_FIELDS = 9
 rows: deque = deque()
+_pack_head = HEAD.pack
 
 _local = state.local
 _get_ident = threading.get_ident
@@ -324,10 +336,13 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         loc.depth = depth
         if _parents:
             loc.parent = parent
-        status = type(e).__name__
-        rows.append(tuple(chain((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
-                            code, status, loc.module, loc.phase, len(ins), len(others)),
-                           *ins, *others)))  # fmt: skip
+        try:
+            head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                              code, len(ins), len(others))  # fmt: skip
+            rows.append(tuple(chain((head, type(e).__name__, loc.module, loc.phase),
+                                    *ins, *others)))  # fmt: skip
+        except Exception as e2:  # pprobe's (a step past int64): the user's exception goes on
+            _report.internal_error("recording outputs", e2)
         raise
     t1 = perf_counter_ns()
     if _parents:
@@ -348,9 +363,9 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
             else:
                 for idx, x, h in outs:
                     ins.append(h.light("output", idx, x))
-        rows.append(tuple(chain((seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
-                            code, "ok", loc.module, loc.phase, len(ins), len(others)),
-                           *ins, *others)))  # fmt: skip
+        head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                          code, len(ins), len(others))  # fmt: skip
+        rows.append(tuple(chain((head, "ok", loc.module, loc.phase), *ins, *others)))
         if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
             _wake()
     except Exception as e:
@@ -378,9 +393,9 @@ def append_row(
     layout of :data:`rows`. ``site`` comes from :func:`_caller`."""
     if site is _NOT_A_ROW:
         site = -1
-    head = (seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site, status,
-            module, phase, len(descs), len(others))  # fmt: skip
-    rows.append(tuple(chain(head, *descs, *others)))
+    head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site,
+                      len(descs), len(others))  # fmt: skip
+    rows.append(tuple(chain((head, status, module, phase), *descs, *others)))
     if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
         _wake()
 
@@ -409,6 +424,10 @@ def _describe(
         st = None
     if st.__class__ is str:  # the reason there are no statistics
         note, st = st, None
+    elif st.__class__ is tuple:  # nan/inf counts as floats: a row holds no small int
+        n, i = st[4], st[5]
+        st = (st[0], st[1], st[2], st[3], None if n is None else float(n),
+              None if i is None else float(i))  # fmt: skip
     if _mode == 2:
         arr, note2 = h.dumpable(x)
         note = note2 or note

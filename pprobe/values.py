@@ -9,6 +9,7 @@ NumPy is imported, torch's when torch is. Classification is cached per Python ty
 from __future__ import annotations
 
 import reprlib
+import struct
 from itertools import islice
 from typing import Any, Protocol
 
@@ -20,11 +21,12 @@ Desc = tuple
 class ArrayHandler(Protocol):
     framework: str
 
-    def meta(self, x: Any) -> tuple[tuple[int, ...], Any, str | None, bool | None]:
-        """Shape, dtype (any object whose str() is the name), device, requires_grad."""
+    def meta(self, x: Any) -> tuple[bytes, Any, str | None, bool | None]:
+        """Shape (packed: :func:`pack_shape`), dtype (any object whose str() is the name),
+        device, requires_grad."""
 
     def light(self, role: str, idx: str, x: Any) -> tuple:
-        """The log-mode description: (role, idx, shape, dtype, device, requires_grad,
+        """The log-mode description: (role, idx, packed shape, dtype, device, requires_grad,
         None, None, None). Must be cheap and must not synchronise an accelerator."""
 
     def dtype_name(self, x: Any) -> str: ...
@@ -58,6 +60,33 @@ class Dumpable:
 
     def pprobe_dump(self, dumper: Any, op: str, which: str, prefix: str) -> tuple[Any, Any]:
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------------- small ints
+# A buffered row holds no cached small int (-5..256): before Python 3.12 those are shared,
+# refcounted objects, and NumPy's own tests count their references around a call
+# (``c = sys.getrefcount(123); np.add(...); assert sys.getrefcount(123) == c``). Shapes are
+# packed into bytes, small int arguments kept as their text (see recorder.rows).
+
+#: ``SHAPE_PACK[n](*shape)``: an n-dimensional shape as native int64 bytes (n <= 64).
+SHAPE_PACK = tuple(struct.Struct(f"{n}q").pack for n in range(65))
+
+
+def pack_shape(shape: Any) -> bytes:
+    """A shape as native int64 bytes (the writer reads them back as a list); a dimension that
+    is not an int (a symbolic size) is -1."""
+    try:
+        n = len(shape)
+        if n < 65:
+            return SHAPE_PACK[n](*shape)
+        return struct.pack(f"{n}q", *shape)
+    except (struct.error, TypeError, OverflowError):
+        dims = [d if type(d) is int and -(1 << 63) <= d < (1 << 63) else -1 for d in shape]
+        return struct.pack(f"{len(dims)}q", *dims)
+
+
+#: str(i) for the ints CPython caches, -5..256 (``SMALL_STR[i + 5]``).
+SMALL_STR = tuple(str(i) for i in range(-5, 257))
 
 
 def resolve(v: Any, where: str) -> Any:
@@ -211,7 +240,15 @@ def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
         tp = type(a)
         k = get(tp) or kind_of(tp)
         if k is _SCALAR:
-            others.append((_IDX[i] if i < 64 else str(i), a))
+            if tp is int:
+                if -6 < a < 257:  # a cached small int: its text (see SMALL_STR)
+                    others.append((None, f"{_IDX[i] if i < 64 else i}={SMALL_STR[a + 5]}"))
+                else:
+                    others.append((_IDX[i] if i < 64 else str(i), a))
+            elif tp is slice:
+                others.append((None, f"{_IDX[i] if i < 64 else i}={scalar_text(a)}"))
+            else:
+                others.append((_IDX[i] if i < 64 else str(i), a))
         elif k.__class__ is _Kind:
             if k.text is not None:  # classes, dtypes: their text now
                 others.append((_IDX[i] if i < 64 else str(i), k.text(a)))
@@ -230,34 +267,80 @@ def _one(idx: str, a: Any, arrays: list, others: list) -> None:
     tp = type(a)
     k = _kinds.get(tp) or kind_of(tp)
     if k is _SCALAR:
-        others.append((idx, a))
+        if tp is int:
+            if -6 < a < 257:
+                others.append((None, f"{idx}={SMALL_STR[a + 5]}"))
+            else:
+                others.append((idx, a))
+        elif tp is slice:
+            others.append((None, f"{idx}={scalar_text(a)}"))
+        else:
+            others.append((idx, a))
     elif k is _SEQ:
+        if len(a) <= 8:
+            _short_seq(idx, a, tp, arrays, others)
+            return
         found = False
-        simple = len(a) <= 8
         # Only the first MAX_ELEMENTS are looked into: ``np.concatenate((a,) * 2**31)`` must
         # not make pprobe build 2**31 descriptions (NumPy itself refuses it, as it should).
         for j, e in enumerate(a if len(a) <= MAX_ELEMENTS else islice(a, MAX_ELEMENTS)):
             ke = _kinds.get(type(e)) or kind_of(type(e))
-            if ke is _SCALAR:
+            if ke is _SCALAR or ke.__class__ is _Kind:
                 continue
-            if ke.__class__ is _Kind:
-                simple = False
-            else:
-                arrays.append((f"{idx}.{j}", e, ke))
-                found = True
+            arrays.append((f"{idx}.{j}", e, ke))
+            found = True
         if not found:
-            # A short sequence of scalars is kept as a tuple (an immutable snapshot, repr'd by
-            # the writer: reprlib on the hot path cost ~20 us); anything else is repr'd now.
-            if simple:
-                others.append((idx, a if tp is tuple else tuple(a)))
-            else:
-                others.append((idx, Text(_safe_repr(a))))
+            others.append((idx, Text(_safe_repr(a))))
     elif k is _OTHER:
         others.append((idx, _opaque_text(tp)))
     elif k.__class__ is _Kind:
         others.append((idx, k.text(a)))
     else:
         arrays.append((idx, a, k))
+
+
+def _short_seq(idx: str, a: Any, tp: type, arrays: list, others: list) -> None:
+    """A list or tuple of at most 8 elements: its arrays, or, when it holds only scalars, the
+    sequence kept as a tuple (an immutable snapshot, repr'd by the writer: reprlib on the hot
+    path cost ~20 us). One that holds a cached small int (or a slice, which may) is kept as its
+    text or, when it is all ints (shapes, axes), packed: see :func:`arg_text`."""
+    found = False
+    simple = True
+    small = False
+    ints = True
+    j = 0
+    for e in a:
+        te = type(e)
+        ke = _kinds.get(te) or kind_of(te)
+        if ke is _SCALAR:
+            if te is int:
+                if -6 < e < 257:
+                    small = True
+            else:
+                ints = False
+                if te is slice:
+                    small = True
+        elif ke.__class__ is _Kind:
+            simple = False
+        else:
+            arrays.append((f"{idx}.{j}", e, ke))
+            found = True
+        j += 1
+    if found:
+        return
+    if not simple:
+        others.append((idx, Text(_safe_repr(a))))
+        return
+    t = a if tp is tuple else tuple(a)
+    if not small:
+        others.append((idx, t))
+    elif ints:
+        try:
+            others.append((None, (idx, SHAPE_PACK[len(t)](*t))))  # repr(t) costs 5x more
+        except struct.error:  # past int64
+            others.append((None, f"{idx}={_short_seq_text(t)}"))
+    else:
+        others.append((None, f"{idx}={_short_seq_text(t)}"))
 
 
 def outputs(result: Any) -> list:
@@ -277,11 +360,51 @@ def outputs(result: Any) -> list:
     return [("0", result, k)]  # type: ignore[list-item]
 
 
+def scalar_text(v: Any) -> str:
+    """The args text of a scalar that is not a str or an int (a slice, a torch.Size), made
+    now: what :func:`format_value` would write for it (reprlib shortens such reprs to 60)."""
+    try:
+        s = repr(v)
+    except Exception:
+        return f"<{type(v).__name__}>"
+    if len(s) > 60:
+        s = s[:28] + "..." + s[-29:]
+    return s
+
+
+def _short_seq_text(t: tuple) -> str:
+    """What :func:`format_value` writes for a tuple of at most 8 scalars, made during the call:
+    ``repr(t)`` equals reprlib's when no element's repr is longer than 40 (reprlib shortens
+    longer ints, strs and reprs), and is ~10x cheaper."""
+    try:
+        s = repr(t)
+        if len(s) > 40 and any(len(repr(e)) > 40 for e in t):
+            s = _safe_repr(t)
+    except Exception:
+        s = _safe_repr(t)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
 def _safe_repr(v: Any) -> str:
     try:
         return _repr.repr(v)
     except Exception:
         return f"<{type(v).__name__}>"
+
+
+def arg_text(idx: str | None, v: Any) -> str:
+    """One argument of the args column, ``name=value``, from the pair :func:`collect` made
+    (called at flush time). A pair holding no cached small int is (name, value); otherwise it
+    is (None, "name=value") made during the call, or (None, (name, packed)): a short tuple
+    of ints packed as a shape (:data:`SHAPE_PACK`)."""
+    if idx is not None:
+        return f"{idx}={format_value(v)}"
+    if v.__class__ is str:
+        return v
+    name, packed = v
+    # at most 8 int64s: repr() is what reprlib writes (ints are shortened past 40 digits)
+    s = repr(tuple(memoryview(packed).cast("q").tolist()))
+    return f"{name}={s if len(s) <= 80 else s[:77] + '...'}"
 
 
 def format_value(v: Any) -> str:

@@ -117,7 +117,8 @@ def test_long_sequences_are_looked_into_up_to_a_bound(tmp_path: Path) -> None:
         out = np.concatenate((a,) * 100_000)
         row = recorder.rows[-1]
         assert out.shape == (100_000,)
-        n_descs = row[recorder.ROW_HEAD - 2]  # flat row layout: see recorder.rows
+        head = dict(zip(recorder.HEAD_FIELDS, recorder.HEAD.unpack(row[0])))  # recorder.rows
+        n_descs = head["n_descs"]
         assert n_descs == values.MAX_ELEMENTS + 1  # inputs looked into, and the output
     finally:
         pprobe.disable()

@@ -61,17 +61,23 @@ def dtype_repr(dt: Any) -> values.Text:
         return values.Text("<dtype>")
 
 
+_SHAPE_PACK = values.SHAPE_PACK  # NumPy arrays have at most 64 dimensions
+
+
 class NumpyHandler:
     framework = "numpy"
 
+    # Shapes are packed into bytes: a row must hold no small int (values.SHAPE_PACK).
     def meta(self, x: Any) -> tuple:
         dt = x.dtype
-        return x.shape, _NAMES.get(id(dt)) or dtype_name(dt), "cpu", None
+        sh = x.shape
+        return _SHAPE_PACK[len(sh)](*sh), _NAMES.get(id(dt)) or dtype_name(dt), "cpu", None
 
     def light(self, role: str, idx: str, x: Any) -> tuple:
         dt = x.dtype
         name = _NAMES.get(id(dt)) or dtype_name(dt)
-        return (role, idx, x.shape, name, "cpu", None, None, None, None)
+        sh = x.shape
+        return (role, idx, _SHAPE_PACK[len(sh)](*sh), name, "cpu", None, None, None, None)
 
     def dtype_name(self, x: Any) -> str:
         return dtype_name(x.dtype)

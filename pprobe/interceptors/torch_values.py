@@ -30,6 +30,8 @@ from .. import values
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter, getattr(torch.nn, "Buffer", torch.Tensor)})
+_SHAPE_PACK = values.SHAPE_PACK
+pack_shape = values.pack_shape
 
 #: torch dtype -> the name in the log ("float32", "bfloat16": no "torch." prefix, like NumPy's).
 DTYPE_NAMES: dict[Any, str] = {
@@ -256,26 +258,28 @@ class _PendingDump(values.Lazy):
 class TorchHandler:
     framework = "torch"
 
+    # Shapes are packed into bytes (values.pack_shape): a row must hold no small int (NumPy's
+    # tests count their references), nor a torch.Size (a tuple subclass would keep the row
+    # tracked by the garbage collector, and every collection would walk the buffered rows).
     def meta(self, x: Any) -> tuple:
         if type(x) in _PLAIN and not x.is_nested:
-            return tuple(x.shape), dtype_name(x.dtype), device_name(x), x.requires_grad
+            return pack_shape(x.shape), dtype_name(x.dtype), device_name(x), x.requires_grad
         try:
             # Jagged nested tensors have symbolic (ragged) sizes: -1 stands for them.
-            shape = tuple(s if type(s) is int else -1 for s in x.shape)
+            shape = pack_shape([s if type(s) is int else -1 for s in x.shape])
         except Exception:
-            shape = ()  # strided nested tensors have no sizes
+            shape = b""  # strided nested tensors have no sizes
         return shape, dtype_name(x.dtype), device_name(x), x.requires_grad
 
     def light(self, role: str, idx: str, x: Any) -> tuple:
         if x.__class__ in _PLAIN:
             try:
-                # tuple(): a torch.Size (a tuple subclass) would keep the row tracked by the
-                # garbage collector, and every collection would walk the buffered rows.
-                return (role, idx, tuple(x.shape), DTYPE_NAMES[x.dtype],
+                sh = x.shape
+                return (role, idx, _SHAPE_PACK[len(sh)](*sh), DTYPE_NAMES[x.dtype],
                         "cpu" if x.is_cpu else device_name(x), x.requires_grad,
                         None, None, None)  # fmt: skip
             except Exception:
-                pass  # nested (no sizes), a new dtype: the careful path
+                pass  # nested (no sizes), a new dtype, symbolic sizes: the careful path
         return (role, idx, *self.meta(x), None, None, None)
 
     def dtype_name(self, x: Any) -> str:
@@ -354,14 +358,20 @@ HANDLER = TorchHandler()
 _registered = False
 
 
+def _size_text(v: Any) -> values.Text:
+    return values.Text(values.scalar_text(v))
+
+
 def register() -> None:
     global _registered
     if _registered:
         return
     _registered = True
     values.register(torch.Tensor, HANDLER)
-    for tp in (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size):
+    for tp in (torch.dtype, torch.device, torch.layout, torch.memory_format):
         values.register_scalar(tp)
+    # A torch.Size holds ints (small ones are shared objects NumPy's tests count): its text.
+    values.register_text(torch.Size, _size_text)
     qscheme = type(torch.per_tensor_affine)
     values.register_scalar(qscheme)
 
