@@ -144,6 +144,7 @@ __all__ = [
     "OPERATOR_DUNDERS",
     "SLOT_OF",
     "del_type_attr",
+    "install_call_slot",
     "install_operator_slots",
     "installed_types",
     "original",
@@ -218,6 +219,8 @@ _OTHER_SLOT_DUNDERS = frozenset(
 
 _Py_TPFLAGS_IMMUTABLETYPE = 1 << 8
 _Py_TPFLAGS_HEAPTYPE = 1 << 9
+_Py_TPFLAGS_BASETYPE = 1 << 10
+_Py_TPFLAGS_HAVE_VECTORCALL = 1 << 11
 # Set and cleared at run time by other threads (method cache / version tags): not compared.
 _Py_TPFLAGS_VALID_VERSION_TAG = 1 << 19
 
@@ -314,11 +317,13 @@ def _real_dict(tp: type) -> dict[str, Any]:
 class _Layout:
     """What selftest() established about the running interpreter."""
 
-    def __init__(self, nb_heap_offset: int, generic: dict[str, int]) -> None:
+    def __init__(self, nb_heap_offset: int, generic: dict[str, int], generic_call: int) -> None:
         #: offsetof(PyHeapTypeObject, as_number), as used by CPython's own slotdefs table.
         self.nb_heap_offset = nb_heap_offset
         #: slot field -> address of CPython's generic slot function for it.
         self.generic = generic
+        #: CPython's ``slot_tp_call``.
+        self.generic_call = generic_call
 
 
 _STATE_LOCK = threading.RLock()
@@ -332,7 +337,7 @@ def _make_probe() -> type:
     def probe(self: Any, *args: Any) -> Any:  # pragma: no cover - never called
         return NotImplemented
 
-    return type("_pprobe_slot_probe", (), dict.fromkeys(OPERATOR_DUNDERS, probe))
+    return type("_pprobe_slot_probe", (), dict.fromkeys((*OPERATOR_DUNDERS, "__call__"), probe))
 
 
 def _check_type_prefix(tp: type) -> str | None:
@@ -430,7 +435,17 @@ def _discover() -> _Layout:
     for field in ("nb_bool", "nb_int", "nb_reserved", "nb_float", "nb_index"):
         if getattr(nb, field):
             raise RuntimeError(f"{field} of the probe class is set: PyNumberMethods moved")
-    layout = _Layout(nb_heap_offset, generic)
+    # slot_tp_call: what the probe's tp_call holds, and what type.__call__'s slotdefs entry
+    # names as the generic function of the tp_call slot
+    generic_call = probe_view.tp_call or 0
+    offset, function, _wrapper, wrapped = _read_wrapper(type, "__call__")
+    if not generic_call or generic_call in values:
+        raise RuntimeError("generic tp_call function is missing or not distinct")
+    if offset != _PyTypeObject.tp_call.offset or function != generic_call:
+        raise RuntimeError("slotdefs entry of __call__ disagrees with the layout")
+    if (_PyTypeObject.from_address(id(type)).tp_call or 0) != wrapped:
+        raise RuntimeError("type's tp_call is not what type.__call__ wraps")
+    layout = _Layout(nb_heap_offset, generic, generic_call)
 
     # Builtin C types: their slots must be what their slot wrappers wrap, at the offsets and
     # with the generic functions that CPython's slotdefs table records.
@@ -546,6 +561,8 @@ class _TypeRecord:
         self.orig_nb_ptr = 0  # original tp_as_number of a static type (0: not swapped)
         self.new_nb: Any = None  # private PyNumberMethods copy (static types)
         self.subs: dict[int, _SubRecord] = {}
+        self.call_orig = 0  # original tp_call (0: not switched)
+        self.vectorcall_flag = 0  # the Py_TPFLAGS_HAVE_VECTORCALL bit that was cleared
 
 
 _RECORDS: dict[type, _TypeRecord] = {}
@@ -1004,6 +1021,11 @@ def _restore_locked(rec: _TypeRecord, layout: _Layout) -> None:
                 _write_ptr(view.tp_as_number + _nb_field_offset(field), rec.slot_orig[field])
     if _RICHCMP in rec.slot_orig:
         _write_ptr(_type_field_addr(tp, "tp_richcompare"), rec.slot_orig[_RICHCMP])
+    if rec.call_orig:
+        _write_ptr(_type_field_addr(tp, "tp_call"), rec.call_orig)
+        if rec.vectorcall_flag:
+            flags = ctypes.c_ulong.from_address(_type_field_addr(tp, "tp_flags"))
+            flags.value |= rec.vectorcall_flag
 
     d = _real_dict(tp)
     displaced: list[Any] = []  # freed only after PyType_Modified (see _write_dict)
@@ -1018,3 +1040,74 @@ def restore_all() -> None:
     with _STATE_LOCK:
         for tp in reversed(list(_RECORDS)):
             restore(tp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calls (ufuncs, array-function dispatchers)
+# ---------------------------------------------------------------------------------------------
+
+
+def install_call_slot(tp: type, func: Callable[..., Any]) -> None:
+    """Route every call of an instance of ``tp`` through ``func(self, *args, **kwargs)``.
+
+    ``np.add(x, y)`` looks nothing up by name either: CPython calls the object's vectorcall
+    function (``PyUFuncObject.vectorcall``, found through ``tp_vectorcall_offset`` when the
+    type has ``Py_TPFLAGS_HAVE_VECTORCALL``), else the type's ``tp_call``.  Here ``func`` goes
+    into the type's real dict as ``__call__``, ``tp_call`` is pointed at CPython's generic
+    ``slot_tp_call`` (which looks ``__call__`` up on the type and calls it with the instance
+    prepended) and ``Py_TPFLAGS_HAVE_VECTORCALL`` is cleared, so that ``PyObject_Vectorcall``,
+    ``PyObject_Call`` and the interpreter's generic call path all end up in ``tp_call``.
+
+    The instances themselves are not touched: identity, type, pickling and everything NumPy's
+    C code reads from them stay as they were.  ``func`` calls the original through the saved
+    slot wrapper (``original(tp, "__call__")``, a ``wrapper_descriptor`` whose ``d_wrapped`` is
+    the original ``tp_call``).  For a vectorcall type that original is ``PyVectorcall_Call``,
+    which reads the instance's vectorcall pointer *without* checking the type flag, so it
+    still reaches NumPy's fast path.  Nothing is written before every check passed:
+    ``__call__`` must be ``tp``'s own slot wrapper of the ``tp_call`` slotdefs entry wrapping
+    the current ``tp_call``, and ``tp`` may have no subclasses and admit none
+    (``Py_TPFLAGS_BASETYPE`` unset: ``np.ufunc`` and NumPy's dispatcher type), so no
+    inherited slot has to be followed.  ``restore(tp)`` undoes it.
+    """
+    _check_type(tp)
+    layout = _layout_or_raise()
+    if not isinstance(func, types.FunctionType):
+        raise TypeError(f"expected a Python function (a descriptor), got {func!r}")
+    with _STATE_LOCK:
+        fresh = tp not in _RECORDS
+        rec = _record(tp)
+        try:
+            _install_call_locked(tp, func, layout, rec)
+        except BaseException:
+            if fresh and not rec.dict_orig and not rec.slot_orig and not rec.call_orig:
+                del _RECORDS[tp]
+            raise
+
+
+def _install_call_locked(tp: type, func: Any, layout: _Layout, rec: _TypeRecord) -> None:
+    d = _real_dict(tp)
+    problem = _check_type_prefix(tp)
+    if problem:
+        raise RuntimeError(problem)
+    if tp.__flags__ & _Py_TPFLAGS_BASETYPE or type.__subclasses__(tp):
+        raise RuntimeError(f"{tp.__name__} can be subclassed: its calls are not switched")
+    view = _PyTypeObject.from_address(id(tp))
+    if not rec.call_orig:
+        offset, function, _wrapper, wrapped = _read_wrapper(tp, "__call__")
+        if offset != _PyTypeObject.tp_call.offset or function != layout.generic_call:
+            raise RuntimeError(f"{tp.__name__}.__call__: slotdefs entry is not tp_call")
+        if (view.tp_call or 0) != wrapped:
+            raise RuntimeError(f"{tp.__name__}.tp_call is not the function __call__ wraps")
+        flag = tp.__flags__ & _Py_TPFLAGS_HAVE_VECTORCALL
+        if flag and view.tp_vectorcall_offset <= 0:
+            raise RuntimeError(f"{tp.__name__} has vectorcall but no vectorcall offset")
+        _remember_dict(rec, d, "__call__")
+        rec.call_orig, rec.vectorcall_flag = wrapped, flag
+    displaced: list[Any] = []  # freed only after PyType_Modified (see _write_dict)
+    _write_dict(d, "__call__", func, displaced)
+    _write_ptr(_type_field_addr(tp, "tp_call"), layout.generic_call)
+    if rec.vectorcall_flag:
+        flags = ctypes.c_ulong.from_address(_type_field_addr(tp, "tp_flags"))
+        flags.value &= ~rec.vectorcall_flag
+    _type_modified(tp)
+    del displaced

@@ -211,11 +211,24 @@ _IMPORT_FRAME: Any = object()  # truthy: an internal frame of the import machine
 _TESTS = os.sep + "tests" + os.sep
 
 
+#: Code objects pprobe generates (trampolines swapped into framework functions): never the
+#: caller, whatever file they claim to come from.
+_own_code: set[Any] = set()
+
+
+def add_internal_code(code: Any) -> None:
+    """Frames running ``code`` are pprobe's own (see :func:`add_internal_path`)."""
+    _own_code.add(code)
+    _internal_code[code] = True
+
+
 def _is_internal(code: Any) -> Any:
     r = _internal_code.get(code)
     if r is None:
         fn = code.co_filename
-        if fn.startswith("<frozen importlib"):
+        if code in _own_code:
+            r = True
+        elif fn.startswith("<frozen importlib"):
             r = _IMPORT_FRAME
         else:
             r = False

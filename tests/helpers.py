@@ -94,11 +94,8 @@ def run(
 ) -> Result:
     """Run ``cmd``; with ``probe`` the bootstrap folder is first on PYTHONPATH."""
     output = output if output is not None else tmp_path / "out"
-    # Tests that list the exact rows a program makes are about the NumPy namespace: operators
-    # and ndarray methods the scripts use in passing would be rows too under full coverage.
-    # Full coverage is the default where a test passes PPROBE_COVERAGE=None (the transparency
-    # battery) and has its own tests (test_cpython_slots.py).
-    e = clean_env(PPROBE_OUTPUT=str(output), PPROBE_COVERAGE="namespace")
+    # Full coverage (the default) unless a test asks for namespace coverage (the fallback).
+    e = clean_env(PPROBE_OUTPUT=str(output))
     if probe:
         e["PYTHONPATH"] = str(BOOTSTRAP)
     for k, v in (env or {}).items():  # None removes a variable

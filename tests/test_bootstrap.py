@@ -15,7 +15,7 @@ from helpers import BOOTSTRAP, PYTHON, REPO, meta, op_names, run, run_script, wr
 NUMPY_PROG = """
     import numpy as np
     a = np.arange(4.0)
-    print(float(np.add(a, 1).sum()))
+    print(float(np.add(a, 1)[-1]))
 """
 
 
@@ -217,7 +217,7 @@ def test_site_pth_install_dormant_active_kill_switch_uninstall(tmp_path: Path) -
         import sys
         print(sorted(m for m in ("pprobe", "numpy", "torch") if m in sys.modules))
         import numpy as np
-        print(float(np.add(np.ones(2), 1).sum()))
+        print(float(np.add(np.ones(2), 1)[-1]))
         """,
     )
     plain = run([PYTHON, str(script)], tmp_path, probe=False).check()

@@ -869,3 +869,73 @@ print(after_use, n[0], same)
         [sys.executable, "-E", "-s", "-c", code], capture_output=True, text=True, cwd=ROOT
     )
     assert out.stdout.split() == ["2", "2", "True"], out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Call slots (ufuncs and array-function dispatchers)
+# ---------------------------------------------------------------------------------------------
+
+
+def _call_state(tp: type) -> tuple[int, int, Any]:
+    view = cp._PyTypeObject.from_address(id(tp))
+    return view.tp_call, view.tp_flags & cp._Py_TPFLAGS_HAVE_VECTORCALL, tp.__dict__["__call__"]
+
+
+@pytest.mark.parametrize("tp", [np.ufunc, type(np.sum)], ids=["ufunc", "dispatcher"])
+def test_call_slot_sees_every_call_path_and_restores_exactly(tp: type) -> None:
+    import functools
+    import pickle
+
+    before = _call_state(tp)
+    assert before[1]  # both are vectorcall types: the flag must be cleared and put back
+    orig = tp.__dict__["__call__"]
+    a = np.arange(6.0).reshape(2, 3)
+    f = np.add if tp is np.ufunc else np.sum
+    args = (a, 1.5) if tp is np.ufunc else (a,)
+    want = f(*args)
+    with pytest.raises(ValueError) as unprobed_err:
+        np.add(np.ones(3), np.ones(4)) if tp is np.ufunc else np.sum(a, axis=5)
+    seen: list[Any] = []
+
+    def __call__(self: Any, *a: Any, **k: Any) -> Any:
+        seen.append(self)
+        return orig(self, *a, **k)
+
+    cp.install_call_slot(tp, __call__)
+    try:
+        assert tp.__dict__["__call__"] is __call__
+        got = [
+            f(*args),  # the interpreter's call path (vectorcall)
+            functools.partial(f, *args)(),  # PyObject_Call from C
+            list(map(f, *[[x] for x in args]))[0],
+            f.__call__(*args),
+        ]
+        assert all(type(g) is type(want) and np.array_equal(g, want) for g in got)
+        assert seen.count(f) >= 4
+        with pytest.raises(ValueError) as err:
+            np.add(np.ones(3), np.ones(4)) if tp is np.ufunc else np.sum(a, axis=5)
+        assert str(err.value) == str(unprobed_err.value)
+        assert type(f) is tp and pickle.loads(pickle.dumps(f)) is f  # the object is untouched
+    finally:
+        cp.restore(tp)
+    assert _call_state(tp) == before
+    n = len(seen)
+    assert np.array_equal(f(*args), want) and len(seen) == n
+
+
+def test_call_slot_refuses_subclassable_types_and_writes_nothing() -> None:
+    class Callable_:
+        def __call__(self) -> int:
+            return 1
+
+    before = _call_state(type(np.sum))
+
+    def __call__(self: Any, *a: Any, **k: Any) -> Any:
+        return None
+
+    with pytest.raises(RuntimeError, match="subclassed"):
+        cp.install_call_slot(Callable_, __call__)
+    assert Callable_ not in cp.installed_types() and Callable_()() == 1
+    with pytest.raises(TypeError):
+        cp.install_call_slot(type(np.sum), print)  # not a Python function
+    assert _call_state(type(np.sum)) == before and type(np.sum) not in cp.installed_types()

@@ -26,17 +26,17 @@ def test_battery_in_process(tmp_path: Path, settings: dict) -> None:
 
     import pprobe
     from pprobe import _report
-    from pprobe.interceptors.numpy_namespace import FunctionProxy
+    from pprobe.interceptors.numpy_namespace import probed
 
     before = battery()
     run_dir = pprobe.enable(output=str(tmp_path / "out"), **settings)
     try:
-        assert isinstance(np.add, FunctionProxy) and isinstance(np.sum, FunctionProxy)
+        assert probed(np.add) and probed(np.sum) and probed(np.ones) and probed(np.array)
         during = battery()
     finally:
         pprobe.disable()
     after = battery()
-    assert not isinstance(np.add, FunctionProxy)
+    assert not probed(np.add) and not probed(np.sum) and not probed(np.ones)
     assert _diff(before, during) == []
     assert _diff(before, after) == []
     assert _report.errors == [], _report.errors
@@ -134,20 +134,36 @@ def test_warnings_point_at_the_users_line(tmp_path: Path) -> None:
     assert probed.err == plain.err
 
 
-def test_identity_inside_array_ufunc_is_the_documented_difference(tmp_path: Path) -> None:
-    r = run_script(
-        tmp_path,
-        """
-        import numpy as np
-        class U:
-            def __array_ufunc__(self, ufunc, method, *inputs, **kw):
-                return (ufunc is np.add, ufunc == np.add, type(np.add) is np.ufunc)
-        print(np.add(U(), 1))
-        """,
-    ).check()
-    # Documented (numpy_namespace docstring): `is` and type() see the proxy; == does not.
-    assert r.out.strip() == "(False, True, False)"
-    plain = run_script(
-        tmp_path, "import numpy as np\nprint(type(np.add) is np.ufunc)", name="p2.py", probe=False
-    ).check()
-    assert plain.out.strip() == "True"
+IDENTITY_PROG = """
+import pickle
+import numpy as np
+class U:
+    def __array_ufunc__(self, ufunc, method, *inputs, **kw):
+        return (ufunc is np.add, ufunc == np.add, type(np.add) is np.ufunc)
+class F:
+    def __array_function__(self, func, types, args, kwargs):
+        return func is getattr(np, func.__name__)
+print(np.add(U(), 1))
+print(np.concatenate([F()]), np.ones(2, like=F()), np.full(2, 1, like=F()))
+print(type(np.mean).__name__, pickle.loads(pickle.dumps(np.cos)) is np.cos)
+"""
+
+
+@pytest.mark.parametrize("coverage", ["full", "namespace"])
+def test_identity_of_numpy_objects(tmp_path: Path, coverage: str) -> None:
+    plain = run_script(tmp_path, IDENTITY_PROG, name="p2.py", probe=False).check()
+    assert plain.out.splitlines() == [
+        "(True, True, True)",
+        "True True True",
+        "_ArrayFunctionDispatcher True",
+    ]
+    r = run_script(tmp_path, IDENTITY_PROG, env={"PPROBE_COVERAGE": coverage}).check()
+    if coverage == "full":  # NumPy's own objects stay in its namespace
+        assert r.out == plain.out
+    else:  # documented (numpy_namespace docstring): `is` and type() see the proxy; == does not
+        assert r.out.splitlines() == [
+            "(False, True, False)",
+            "False False False",
+            "FunctionProxy True",
+        ]
+    assert {"numpy.add", "numpy.ones", "numpy.concatenate"} <= set(op_names(r.run_dir))

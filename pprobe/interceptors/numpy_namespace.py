@@ -1,17 +1,35 @@
-"""Where NumPy's namespace is patched: ``np.*`` functions, ufuncs and their methods.
+"""Where NumPy's namespace is recorded: ``np.*`` functions, ufuncs and their methods.
 
-Each public callable of ``numpy`` and its public submodules is replaced, in the module's
-namespace, by a :class:`wrapt.ObjectProxy` subclass whose ``__call__`` goes through
-:func:`pprobe.recorder.call`. One proxy per original object, so ``np.fft.fft is np.fft.fft``
-and an object exported under two names stays one object. Proxies keep what NumPy and users
-rely on (FINDINGS 2): ``isinstance(np.add, np.ufunc)``, ``.reduce/.accumulate/.reduceat/.outer/
-.at`` and ``.nin/.nout/.types``, docstrings, ``inspect.signature`` (via ``__wrapped__``), ``==``
-and hashing (dict keys), pickling by reference and deepcopy; ``__wrapped__`` is the original's
-own where it has one (a dispatcher's implementation). C code that reads ``numpy.add`` and needs
-a real ufunc gets the original: extension modules while they are imported (the importing
-thread only), and the NumPy functions listed in ``UFUNC_READERS``/``UFUNC_TAKERS``. Known
-difference: ``type(np.add) is np.ufunc``, ``func is np.add`` inside ``__array_ufunc__`` /
-``__array_function__`` (and ``func is np.full`` for a ``like=`` call), and
+Full coverage (the self-test of :mod:`pprobe._cpython` passed): NumPy's own objects stay in
+its namespace, and calls are caught where every caller ends up, whatever name it used:
+
+* ufuncs and array-function dispatchers (``np.add``, ``np.sum``: about 400 of NumPy's 560
+  public callables) at their type's call slot (:func:`pprobe._cpython.install_call_slot`):
+  ``np.ufunc.__call__`` and the dispatcher type's ``__call__`` are Python functions that look
+  the called object up in :data:`_targets` (filled from the public namespaces; an object not
+  there, such as a SciPy ufunc or a private dispatcher, is called straight through);
+  ``reduce/accumulate/reduceat/outer/at`` are replaced in ``np.ufunc``'s type dict;
+* NumPy's Python functions (``np.ones``, ``np.eye``, ``np.loadtxt``: about 200) keep their
+  identity too: their ``__code__`` is swapped for a generated trampoline (same name, file and
+  first line, so ``inspect.getsource`` is unchanged; ``__signature__`` keeps the signature)
+  that calls a copy of the function holding the original code;
+* what has neither a type of its own nor code (18 C builtins such as ``np.array``, numpy.random's
+  module functions, which are bound methods of a hidden ``RandomState``, and Cython functions)
+  is replaced in the namespace by a :class:`FunctionProxy`, as in namespace coverage.
+
+So ``type(np.mean)``, ``func is np.add`` inside ``__array_ufunc__``/``__array_function__``
+(also for a ``like=`` call) and ``pickle.loads(...) is np.cos`` are as unprobed.
+
+Namespace coverage (``PPROBE_COVERAGE=namespace`` or a failed self-test): every public callable
+is replaced in the module's namespace by a :class:`wrapt.ObjectProxy` subclass whose
+``__call__`` goes through :func:`pprobe.recorder.call`. One proxy per original object, so
+``np.fft.fft is np.fft.fft``. Proxies keep what NumPy and users rely on (FINDINGS 2):
+isinstance, the ufunc methods and attributes, docstrings, ``inspect.signature`` (via
+``__wrapped__``), ``==`` and hashing, pickling by reference and deepcopy. C code that reads
+``numpy.add`` and needs a real ufunc gets the original: extension modules while they are
+imported (the importing thread only), and the NumPy functions listed in
+``UFUNC_READERS``/``UFUNC_TAKERS``. Known differences in that mode: ``type(np.add) is
+np.ufunc``, ``func is np.add`` inside ``__array_ufunc__``/``__array_function__`` and
 ``pickle.loads(...) is np.cos`` are False (NumPy hands out the originals).
 
 Submodules NumPy loads lazily (numpy.fft, numpy.random, ...) are patched by post-import hooks
@@ -23,15 +41,17 @@ from __future__ import annotations
 import copyreg
 import functools
 import importlib
+import inspect
 import sys
 import threading
 import types
+import warnings
 from typing import Any
 
 import numpy as np
 import wrapt
 
-from .. import recorder
+from .. import _cpython, recorder
 from . import numpy_arrays, numpy_ndarray
 
 _call = recorder.call
@@ -205,6 +225,7 @@ for _m in _UFUNC_METHODS:  # help(np.add.reduce) and inspect.signature as unprob
 _dispatcher_type = type(np.sum)
 _proxies: dict[int, FunctionProxy] = {}  # id(original) -> proxy
 _patched: list[tuple[types.ModuleType, str, Any]] = []  # (module, attr, original)
+_patched_modules: list[types.ModuleType] = []
 _installed = False
 
 
@@ -243,7 +264,7 @@ def _proxy_for(obj: Any, public: str, attr: str, hidden: bool) -> FunctionProxy 
 
 
 def patch_module(mod: types.ModuleType) -> int:
-    """Replace the public callables of one module by proxies; return how many."""
+    """Record the public callables of one module; return how many."""
     public = MODULES[mod.__name__]
     n = 0
     for attr, obj in list(vars(mod).items()):
@@ -253,13 +274,184 @@ def patch_module(mod: types.ModuleType) -> int:
         # object's own name where the module exports it, not by whichever alias comes first.
         canon = getattr(obj, "__name__", None)
         label = canon if isinstance(canon, str) and vars(mod).get(canon) is obj else attr
-        p = _proxy_for(obj, public, label, hidden=attr in HIDDEN)
+        hidden = attr in HIDDEN
+        if _full:
+            done = _record_in_place(obj, public, label, hidden)
+            if done is not None:
+                n += done
+                continue
+        p = _proxy_for(obj, public, label, hidden=hidden)
         if p is None:
             continue
         setattr(mod, attr, p)
         _patched.append((mod, attr, obj))
         n += 1
     return n
+
+
+# ------------------------------------------------------------------------ full coverage
+_full = False  # NumPy's objects stay in place (see the module docstring)
+_dispatcher_orig_call: Any = None
+_ufunc_orig_call: Any = None
+_ufunc_orig_methods: dict[str, Any] = {}
+#: id(ufunc or dispatcher) -> (runner, op, bound original call, the object itself)
+_targets: dict[int, tuple[Any, recorder.Op, Any, Any]] = {}
+#: ufunc method name -> {id(ufunc): (op, bound original method)}
+_method_targets: dict[str, dict[int, tuple[recorder.Op, Any]]] = {m: {} for m in _UFUNC_METHODS}
+#: Python functions whose code was swapped: (function, original code, had __signature__)
+_swapped: list[tuple[types.FunctionType, types.CodeType, bool]] = []
+_swapped_ids: set[int] = set()
+_CO_NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coro, async gen
+
+
+def _run_hidden(op: recorder.Op, fn: Any, args: tuple, kwargs: dict) -> Any:
+    return _hidden(fn, args, kwargs)
+
+
+def _make_call(orig_call: Any) -> Any:
+    """The ``__call__`` put in a type's dict (see :func:`_cpython.install_call_slot`)."""
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _targets.get(id(self))
+        if t is None:  # not a public NumPy callable (SciPy's ufuncs, NumPy's private ones)
+            return orig_call(self, *args, **kwargs)
+        return t[0](t[1], t[2], args, kwargs)
+
+    return __call__
+
+
+def _make_ufunc_method(name: str, orig: Any) -> Any:
+    targets = _method_targets[name]
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = targets.get(id(self))
+        if t is None:
+            return orig(self, *args, **kwargs)
+        return _call(t[0], t[1], args, kwargs)
+
+    method.__name__ = name
+    method.__qualname__ = f"ufunc.{name}"
+    method.__doc__ = orig.__doc__
+    method.__wrapped__ = orig  # type: ignore[attr-defined]  # inspect.signature, help()
+    return method
+
+
+_template: types.CodeType | None = None
+_PLACEHOLDERS = ("__pprobe_call__", "__pprobe_op__", "__pprobe_fn__")
+
+
+def _trampoline_template() -> types.CodeType:
+    """``def f(*args, **kwargs): return CALL(OP, FN, args, kwargs)`` with the three names as
+    constants of the code object, to be replaced per function (no global name is needed)."""
+    global _template
+    if _template is None:
+        call, op, fn = _PLACEHOLDERS
+        src = f"def f(*args, **kwargs):\n    return '{call}'('{op}', '{fn}', args, kwargs)\n"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "'str' object is not callable"
+            module = compile(src, "<pprobe trampoline>", "exec")
+        code = next(c for c in module.co_consts if isinstance(c, types.CodeType))
+        if sorted(c for c in code.co_consts if c in _PLACEHOLDERS) != sorted(_PLACEHOLDERS):
+            raise RuntimeError("unexpected trampoline constants")
+        _template = code
+    return _template
+
+
+def _swap_code(func: types.FunctionType, op: recorder.Op) -> bool:
+    """Make ``func`` record its calls without replacing it (see the module docstring)."""
+    code = func.__code__
+    if code.co_freevars or code.co_flags & _CO_NOT_PLAIN:
+        return False  # a closure's code cannot be swapped; generators would change kind
+    inner = types.FunctionType(code, func.__globals__, func.__name__, func.__defaults__)
+    inner.__kwdefaults__ = func.__kwdefaults__
+    inner.__qualname__ = func.__qualname__
+    inner.__module__ = func.__module__
+    inner.__doc__ = func.__doc__
+    template = _trampoline_template()
+    subst = dict(zip(_PLACEHOLDERS, (_call, op, inner), strict=True))
+    consts = tuple(subst.get(c, c) if type(c) is str else c for c in template.co_consts)
+    changes: dict[str, Any] = {
+        "co_consts": consts,
+        "co_name": code.co_name,
+        "co_filename": code.co_filename,
+        "co_firstlineno": code.co_firstlineno,
+    }
+    if sys.version_info >= (3, 11):
+        changes["co_qualname"] = code.co_qualname
+    tramp = template.replace(**changes)
+    had_sig = "__signature__" in func.__dict__
+    if not had_sig:
+        func.__signature__ = inspect.signature(func)  # type: ignore[attr-defined]
+    recorder.add_internal_code(tramp)
+    func.__code__ = tramp
+    _swapped.append((func, code, had_sig))
+    _swapped_ids.add(id(func))
+    return True
+
+
+def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | None:
+    """Full coverage: record ``obj`` without replacing it. 1 (newly recorded) or 0 (already),
+    None when it needs a proxy."""
+    key = id(obj)
+    if key in _targets or key in _swapped_ids:
+        return 0
+    name = f"{public}.{attr}"
+    if isinstance(obj, np.ufunc):
+        op = recorder.op(name, "ufunc", "numpy", obj.__name__)
+        _targets[key] = (_run_hidden if hidden else _call, op, _ufunc_orig_call.__get__(obj), obj)
+        for m in _UFUNC_METHODS:
+            mop = recorder.op(f"{name}.{m}", f"ufunc.{m}", "numpy", obj.__name__)
+            _method_targets[m][key] = (mop, _ufunc_orig_methods[m].__get__(obj))
+        return 1
+    if isinstance(obj, _dispatcher_type):
+        op = recorder.op(name, "function", "numpy")
+        bound = _dispatcher_orig_call.__get__(obj)
+        _targets[key] = (_run_hidden if hidden else _call, op, bound, obj)
+        return 1
+    if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
+        # NumPy's own code calling them is hidden by the recorder anyway: a hidden helper
+        # (np.seterr, np.printoptions) needs nothing.
+        if hidden or _swap_code(obj, recorder.op(name, "function", "numpy")):
+            return 0 if hidden else 1
+    return None
+
+
+def _install_full() -> None:
+    """Switch the call slots of ufuncs and dispatchers and ufunc's methods (full coverage)."""
+    global _dispatcher_orig_call, _ufunc_orig_call
+    _ufunc_orig_call = _cpython.original(np.ufunc, "__call__")
+    _dispatcher_orig_call = _cpython.original(_dispatcher_type, "__call__")
+    for m in _UFUNC_METHODS:
+        _ufunc_orig_methods[m] = orig = _cpython.original(np.ufunc, m)
+        _cpython.set_type_attr(np.ufunc, m, _make_ufunc_method(m, orig))
+    _cpython.install_call_slot(np.ufunc, _make_call(_ufunc_orig_call))
+    _cpython.install_call_slot(_dispatcher_type, _make_call(_dispatcher_orig_call))
+    # A check on the live objects before anything is recorded: the originals are reached.
+    probe = np.arange(3.0)
+    if not (np.add(probe, 1.0)[2] == 3.0 and np.add.reduce(probe) == 3.0 and np.sum(probe) == 3.0):
+        raise RuntimeError("ufunc and dispatcher calls give wrong results after the switch")
+
+
+def _uninstall_full() -> None:
+    for tp in (np.ufunc, _dispatcher_type):
+        _cpython.restore(tp)
+    _targets.clear()
+    for d in _method_targets.values():
+        d.clear()
+    for func, code, had_sig in reversed(_swapped):
+        func.__code__ = code
+        if not had_sig:
+            func.__dict__.pop("__signature__", None)
+    _swapped.clear()
+    _swapped_ids.clear()
+
+
+def probed(obj: Any) -> bool:
+    """Whether calls of ``obj`` (a public NumPy callable as the namespace holds it now) are
+    recorded: a proxy, or an original recorded in place."""
+    if isinstance(obj, FunctionProxy):
+        return True
+    return _installed and (id(obj) in _targets or id(obj) in _swapped_ids)
 
 
 def _on_import(mod: types.ModuleType) -> None:
@@ -270,6 +462,7 @@ def _on_import(mod: types.ModuleType) -> None:
     try:
         patch_module(mod)
         mod.__pprobe_patched__ = True  # type: ignore[attr-defined]
+        _patched_modules.append(mod)
         if mod.__name__ == "numpy.random":
             numpy_ndarray.patch_random(mod)
     except Exception as e:  # never break the user's import
@@ -472,12 +665,27 @@ def _uninstall_extension_guard() -> None:
 
 def install() -> dict[str, Any]:
     """Patch numpy now and its submodules as they are imported. Returns coverage facts."""
-    global _installed, _hooks_registered
+    global _installed, _hooks_registered, _full
     numpy_arrays.register()
-    _install_reducers()
-    _install_extension_guard()
     recorder.add_internal_path(np.__file__, owner="numpy")
     recorder.add_internal_path(wrapt.__file__)  # its import-hook loader runs module bodies
+    cfg = recorder.current_config()
+    facts = numpy_ndarray.install(cfg.coverage if cfg is not None else "auto")
+    _full = facts["coverage"] == "full"
+    if _full:
+        try:
+            _install_full()
+        except Exception as e:
+            from .. import _report
+
+            _uninstall_full()
+            numpy_ndarray.uninstall()
+            _report.internal_error("switching ufunc and dispatcher calls", e)
+            _full = False
+            facts = {"coverage": "namespace", "reason": f"{type(e).__name__}: {e}"}
+    if not _full:
+        _install_reducers()
+        _install_extension_guard()
     _installed = True
     if not _hooks_registered:
         _hooks_registered = True
@@ -488,27 +696,28 @@ def install() -> dict[str, Any]:
         for name in MODULES:
             if name in sys.modules:
                 _on_import(sys.modules[name])
-    cfg = recorder.current_config()
-    facts = numpy_ndarray.install(cfg.coverage if cfg is not None else "auto")
     return {
         "coverage": facts.pop("coverage"),
-        "numpy": {"namespace_functions": len(_patched), "numpy_version": np.__version__,
-                  **facts},
+        "numpy": {"namespace_functions": len(_targets) + len(_swapped) + len(_patched),
+                  "in_place": len(_targets) + len(_swapped), "proxies": len(_patched),
+                  "numpy_version": np.__version__, **facts},
     }  # fmt: skip
 
 
 def uninstall() -> None:
     """Put every original object back where it was."""
-    global _installed
+    global _installed, _full
     _installed = False
     numpy_ndarray.uninstall()
+    if _full:
+        _uninstall_full()
+        _full = False
     _uninstall_reducers()
     _uninstall_extension_guard()
     for mod, attr, orig in reversed(_patched):
         if getattr(mod, attr, None) is _proxies.get(id(orig)):
             setattr(mod, attr, orig)
-        try:
-            del mod.__pprobe_patched__  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
     _patched.clear()
+    for mod in _patched_modules:
+        mod.__dict__.pop("__pprobe_patched__", None)
+    _patched_modules.clear()
