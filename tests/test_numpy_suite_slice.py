@@ -25,7 +25,7 @@ TOOL = REPO / "tools" / "numpy_suite.py"
 @pytest.mark.slow
 def test_numpy_suite_slice_same_outcomes(tmp_path: Path) -> None:
     p = subprocess.run(
-        [sys.executable, str(TOOL), "--slice", "--allow-explained"],
+        [sys.executable, str(TOOL), "--slice"],
         cwd=str(tmp_path),
         env=clean_env(),
         capture_output=True,
