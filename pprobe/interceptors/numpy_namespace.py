@@ -3,7 +3,7 @@
 Full coverage (the self-test of :mod:`pprobe._cpython` passed): NumPy's own objects stay in
 its namespace, and calls are caught where every caller ends up, whatever name it used:
 
-* ufuncs and array-function dispatchers (``np.add``, ``np.sum``: about 400 of NumPy's 560
+* ufuncs and array-function dispatchers (``np.add``, ``np.sum``: about 400 of NumPy's 700
   public callables) at their type's call slot (:func:`pprobe._cpython.install_call_slot`):
   ``np.ufunc.__call__`` and the dispatcher type's ``__call__`` are Python functions that look
   the called object up in :data:`_targets` (filled from the public namespaces; an object not
