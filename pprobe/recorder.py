@@ -307,14 +307,21 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     loc = _local
     loc.depth = INTERNAL
     try:
-        arrays, others = values.collect(args, kwargs)
-        if _dtypes and arrays and not _dtype_match(arrays):
-            code = _NOT_SELECTED
+        # The caller is found before the seq and the inputs' dumps: a call that is not a row
+        # takes no seq and leaves no .npy behind. Nested calls (PPROBE_NESTED) are the
+        # framework's own calls by nature: keep them.
+        if _dtypes:
+            arrays, others = values.collect(args, kwargs)
+            if arrays and not _dtype_match(arrays):
+                code = _NOT_SELECTED
+            else:
+                code = _caller("" if depth else op.framework)
         else:
-            # Before the seq and the inputs' dumps: a call that is not a row takes no seq and
-            # leaves no .npy behind.
-            # Nested calls (PPROBE_NESTED) are the framework's own calls by nature: keep them.
+            # Under full coverage every ufunc call NumPy's own Python code makes reaches here;
+            # most are not rows: their arguments are not looked at.
             code = _caller("" if depth else op.framework)
+            if code is not _NOT_A_ROW:  # (the call itself runs outside this try, below)
+                arrays, others = values.collect(args, kwargs)
         if code is not _NOT_A_ROW and code is not _NOT_SELECTED:
             seq = next(state.seq)
             if _mode:
