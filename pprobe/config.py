@@ -315,6 +315,9 @@ BY_FIELD = {s.field: s for s in SETTINGS}
 BY_ENV = {s.env: s for s in SETTINGS}
 # Variables pprobe reads that are not settings of their own.
 OTHER_ENV = {
+    "PPROBE_CORE": "Recording engine: auto (the native core where it is built and supported, "
+    "else Python), native, python. Read from the environment when pprobe is first imported; "
+    "meta.json's `core` says which ran and why.",
     "PPROBE_CONFIG": "Path of a TOML config file to read instead of ./pprobe.toml.",
     "PPROBE_RESOLVED": "Internal: resolved settings and run folder handed to child processes.",
 }
@@ -442,6 +445,8 @@ def load(
             f"{unknown[0]} is not a pprobe setting; known variables: {close}, "
             + ", ".join(OTHER_ENV)
         )
+    if "PPROBE_CORE" in env:
+        _choice(("auto", "native", "python"))("PPROBE_CORE", env["PPROBE_CORE"])
     for k, v in (overrides or {}).items():
         if k not in BY_FIELD:
             raise ConfigError(f"unknown setting {k!r}; allowed: {', '.join(sorted(BY_FIELD))}")

@@ -15,38 +15,20 @@ Rules (docs/how-it-works.md):
 from __future__ import annotations
 
 import os
-import struct
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable
-from itertools import chain
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, state, values
+from . import _report, core, records, state, values
 from .state import INTERNAL
 
-#: Raw rows waiting for the writer. deque.append/popleft are atomic: no lock, no lost row.
-#: One flat tuple per call: (head, status, module path, phase, then n_descs tensor
-#: descriptions of 9 fields each, then n_others (idx, value) pairs). ``head`` is bytes,
-#: :data:`HEAD` packing (seq, op index, t0, t1, thread ident, step, depth, parent, call-site
-#: index, n_descs, n_others). Flat, and made of ints, strings, bytes and tuples of numbers
-#: only, so the garbage collector soon stops tracking buffered rows (nested containers kept
-#: every collection walking all of them: FINDINGS, bench item 1).
-#:
-#: A row holds no cached small int (-5..256): before Python 3.12 those are shared, refcounted
-#: objects and NumPy's tests count their references around a call (``dim = 1;
-#: np.zeros([dim] * 10)``). So the head's numbers are packed, a description's shape is packed
-#: bytes (:func:`values.pack_shape`), statistics' counts are floats, and an argument that is
-#: a small int (or a short sequence holding one) is a pair (None, ...): see values.arg_text.
-HEAD = struct.Struct("=4qQ6q")
-HEAD_FIELDS = ("seq", "op", "t0", "t1", "thread", "step", "depth", "parent", "site",
-               "n_descs", "n_others")  # fmt: skip
-ROW_HEAD = 4
-DESC_FIELDS = 9
-rows: deque = deque()
-_pack_head = HEAD.pack
+#: Rows waiting for the writer, in the layout of :mod:`pprobe.records` (fixed-size records,
+#: texts as string ids, rare values as objects beside them). The native core swaps in its own
+#: buffer with the same methods (:mod:`pprobe.core`).
+buffer: Any = records.Buffer()
+_encode = records.encode_row
 
 _local = state.local
 _get_ident = threading.get_ident
@@ -67,6 +49,10 @@ _pid = os.getpid()
 
 MODES = {"log": 0, "stats": 1, "dump": 2}
 
+#: The native core (pprobe/_native.c) when it is the engine (pprobe.core), else None.
+_native = core.native
+_FRAMEWORK_CODES = {"numpy": 1, "torch": 2}
+
 
 ops_by_index: list[Op] = []
 
@@ -86,9 +72,12 @@ class Op:
         "first",
         "sampled",
         "safe",
+        "hidden",
     )
 
-    def __init__(self, name: str, kind: str, framework: str, ufunc: str | None = None) -> None:
+    def __init__(
+        self, name: str, kind: str, framework: str, ufunc: str | None = None, hidden: bool = False
+    ) -> None:
         self.index = len(ops_by_index)
         ops_by_index.append(self)
         self.name = name
@@ -97,17 +86,23 @@ class Op:
         self.ufunc = ufunc
         self.calls = 0
         self.safe = ""
+        self.hidden = hidden  # never a row, and what it calls is hidden (np.seterr, ...)
         self._configure()
 
     def _configure(self) -> None:
         cfg = _cfg
         self.calls = 0
         if cfg is None:
-            self.selected, self.every, self.first, self.sampled = True, 1, 0, False
-            return
-        self.selected = cfg.op_selected(self.name) and self.framework in cfg.frameworks
-        self.every, self.first = cfg.every, cfg.first
-        self.sampled = self.every > 1 or self.first > 0
+            self.selected, self.every, self.first, self.sampled = not self.hidden, 1, 0, False
+        else:
+            self.selected = (
+                not self.hidden and cfg.op_selected(self.name) and self.framework in cfg.frameworks
+            )
+            self.every, self.first = cfg.every, cfg.first
+            self.sampled = self.every > 1 or self.first > 0
+        if _native is not None:
+            _native.set_op(self.index, self.selected, self.every, self.first,
+                           _FRAMEWORK_CODES.get(self.framework, 0))  # fmt: skip
 
     def take(self) -> bool:
         """every-N / first-N sampling (counts are per process; threads may race by one)."""
@@ -121,12 +116,12 @@ class Op:
 _ops: dict[tuple[str, str], Op] = {}
 
 
-def op(name: str, kind: str, framework: str, ufunc: str | None = None) -> Op:
+def op(name: str, kind: str, framework: str, ufunc: str | None = None, hidden: bool = False) -> Op:
     """The shared :class:`Op` for a name and kind (created once, configured by the session)."""
     key = (name, kind)
     o = _ops.get(key)
     if o is None:
-        o = _ops[key] = Op(name, kind, framework, ufunc)
+        o = _ops[key] = Op(name, kind, framework, ufunc, hidden)
     return o
 
 
@@ -146,18 +141,27 @@ def configure(cfg: Any, dumper: Any, wake: Callable[[], None] | None) -> None:
     refresh_active()
 
 
+def _push() -> None:
+    """Hand the hot path's settings to the native core."""
+    if _native is not None:
+        _native.configure(_active, _nested, _parents, _mode, bool(_mode or _dtypes),
+                          _flush_rows, _wake)  # fmt: skip
+
+
 def want_parents(on: bool) -> None:
     """Keep ``parent`` up to date even without ``nested``: the torch interceptor's aten and
     module levels nest rows inside api and module rows."""
     global _want_parents, _parents
     _want_parents = on
     _parents = on or _nested
+    _push()
 
 
 def refresh_active() -> None:
     """Recompute the master switch (session on, step inside the window)."""
     global _active
     _active = _cfg is not None and _cfg.enabled and _cfg.step_selected(state.step)
+    _push()
 
 
 def current_config() -> Any:
@@ -169,16 +173,21 @@ def deactivate() -> None:
     global _active, _cfg
     _active = False
     _cfg = None
+    _push()
 
 
 def after_fork() -> None:
     global _pid
     _pid = os.getpid()
-    rows.clear()  # the parent's unflushed rows belong to the parent's shard
+    buffer.clear()  # the parent's unflushed rows belong to the parent's shard
+    if _native is not None:
+        _native.after_fork_child()
 
 
 def set_step(n: int) -> None:
     state.step = n
+    if _native is not None:
+        _native.set_step(n)
     if _cfg is not None and _cfg.steps:
         refresh_active()
 
@@ -205,6 +214,8 @@ def add_internal_path(path: str, owner: Any = True) -> None:
     if all(p != q for q, _ in _internal_prefixes):
         _internal_prefixes.append((p, owner))
         _internal_code.clear()
+        if _native is not None:
+            _native.clear_code_cache()
 
 
 _IMPORT_FRAME: Any = object()  # truthy: an internal frame of the import machinery
@@ -220,6 +231,8 @@ def add_internal_code(code: Any) -> None:
     """Frames running ``code`` are pprobe's own (see :func:`add_internal_path`)."""
     _own_code.add(code)
     _internal_code[code] = True
+    if _native is not None:
+        _native.clear_code_cache()
 
 
 def _is_internal(code: Any) -> Any:
@@ -281,9 +294,20 @@ def _caller(framework: str = "") -> Any:
     return -1
 
 
+def _site_id(code: Any, line: int) -> int:
+    """The index of (code, line) in :data:`sites` (the native core asks on a cache miss)."""
+    key = (code, line)
+    k = _site_ids.get(key)
+    if k is None:
+        k = _site_ids[key] = len(sites)
+        sites.append(key)
+    return k
+
+
 # ---------------------------------------------------------------------- the hot path
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run ``fn(*args, **kwargs)``, recording it as a call of ``op`` when it is captured."""
+    __tracebackhide__ = True  # pytest and IPython leave pprobe's frames out of tracebacks
     depth = _local.depth
     if (depth and (depth >= INTERNAL or not _nested)) or not _active:
         return fn(*args, **kwargs)
@@ -294,6 +318,7 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
 
 def hidden(fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run a call that is not recorded, and hide the calls it makes (they are its insides)."""
+    __tracebackhide__ = True
     loc = _local
     depth = loc.depth
     loc.depth = depth + 1
@@ -304,6 +329,36 @@ def hidden(fn: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
+    """Record one call of ``op``: :func:`_begin`, the call, :func:`_end`. (The native core
+    calls _begin and _end itself around a call it makes from C.)"""
+    __tracebackhide__ = True
+    st = _begin(op, args, kwargs, depth)
+    if st.__class__ is not tuple:
+        if st is _NOT_A_ROW:
+            return hidden(fn, args, kwargs)
+        return fn(*args, **kwargs)
+    # The user's function runs outside pprobe's try blocks: its exceptions are its own, and
+    # it runs exactly once (a failing call used to be reported as pprobe's and run again).
+    loc = _local
+    loc.depth = depth + 1
+    t0 = perf_counter_ns()
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as e:
+        t1 = perf_counter_ns()
+        loc.depth = depth
+        _end(op, st, t0, t1, None, type(e).__name__, depth)
+        raise
+    t1 = perf_counter_ns()
+    loc.depth = depth
+    _end(op, st, t0, t1, result, None, depth)
+    return result
+
+
+def _begin(op: Op, args: tuple, kwargs: dict, depth: int) -> Any:
+    """Before a call: the call site, the inputs' descriptions (statistics, dumps of the values
+    at call time). Returns the call's state (a tuple), or _NOT_A_ROW (run it hidden),
+    _NOT_SELECTED or None (run it plainly). Never raises."""
     loc = _local
     loc.depth = INTERNAL
     try:
@@ -313,86 +368,69 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         if _dtypes:
             arrays, others = values.collect(args, kwargs)
             if arrays and not _dtype_match(arrays):
-                code = _NOT_SELECTED
-            else:
-                code = _caller("" if depth else op.framework)
+                return _NOT_SELECTED
+            code = _caller("" if depth else op.framework)
         else:
             # Under full coverage every ufunc call NumPy's own Python code makes reaches here;
             # most are not rows: their arguments are not looked at.
             code = _caller("" if depth else op.framework)
-            if code is not _NOT_A_ROW:  # (the call itself runs outside this try, below)
-                arrays, others = values.collect(args, kwargs)
-        if code is not _NOT_A_ROW and code is not _NOT_SELECTED:
-            seq = next(state.seq)
-            if _mode:
-                prefix = f"{_pid}-{seq}" if _mode == 2 else ""
-                ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
-            else:
-                prefix = ""
-                ins = [h.light("input", idx, x) for idx, x, h in arrays]
+            if code is _NOT_A_ROW:
+                return code
+            arrays, others = values.collect(args, kwargs)
+        if code is _NOT_A_ROW:
+            return code
+        seq = next(state.seq)
+        if _mode:
+            prefix = f"{_pid}-{seq}" if _mode == 2 else ""
+            ins = [_describe(op, "input", idx, x, h, prefix) for idx, x, h in arrays]
+        else:
+            prefix = ""
+            ins = [h.light("input", idx, x) for idx, x, h in arrays]
     except Exception as e:  # pprobe's own failure: never the user's problem
-        loc.depth = depth
         _report.internal_error("recording inputs", e)
-        return fn(*args, **kwargs)
-    # The user's function runs outside the try above: its exceptions are its own, and it
-    # must run exactly once (a failing call used to be reported as pprobe's and run again).
-    if code is _NOT_A_ROW:
+        return None
+    finally:
         loc.depth = depth
-        return hidden(fn, args, kwargs)
-    if code is _NOT_SELECTED:
-        loc.depth = depth
-        return fn(*args, **kwargs)
     if _parents:  # parents matter only when nested calls (or torch's levels) are recorded
         parent = loc.parent
         loc.parent = seq
     else:
         parent = -1
-    loc.depth = depth + 1
-    t0 = perf_counter_ns()
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException as e:
-        t1 = perf_counter_ns()
-        loc.depth = depth
-        if _parents:
-            loc.parent = parent
-        try:
-            head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
-                              code, len(ins), len(others))  # fmt: skip
-            rows.append(tuple(chain((head, type(e).__name__, loc.module, loc.phase),
-                                    *ins, *others)))  # fmt: skip
-        except Exception as e2:  # pprobe's (a step past int64): the user's exception goes on
-            _report.internal_error("recording outputs", e2)
-        raise
-    t1 = perf_counter_ns()
+    return (seq, code, ins, others, bool(arrays), prefix, parent)
+
+
+def _end(op: Op, st: tuple, t0: int, t1: int, result: Any, error: str | None, depth: int) -> None:
+    """After a call: the outputs' descriptions, and the row. ``error``: the name of the
+    exception the call raised. Never raises."""
+    seq, code, ins, others, had_arrays, prefix, parent = st
+    loc = _local
     if _parents:
         loc.parent = parent
-    if result is NotImplemented:  # an operator deferring to the other operand: not an op
-        loc.depth = depth
-        return result
+    if error is None and result is NotImplemented:  # an operator deferring: not an op
+        return
     loc.depth = INTERNAL
     try:
-        outs = values.outputs(result)
-        if outs:
-            if _dtypes and not arrays and not _dtype_match(outs):
-                return result
-            if _mode:
-                many = len(outs) > 1
-                for idx, x, h in outs:
-                    ins.append(_describe(op, "output", idx, x, h, prefix, many))
-            else:
-                for idx, x, h in outs:
-                    ins.append(h.light("output", idx, x))
-        head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
-                          code, len(ins), len(others))  # fmt: skip
-        rows.append(tuple(chain((head, "ok", loc.module, loc.phase), *ins, *others)))
-        if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
+        if error is None:
+            outs = values.outputs(result)
+            if outs:
+                if _dtypes and not had_arrays and not _dtype_match(outs):
+                    return
+                if _mode:
+                    many = len(outs) > 1
+                    for idx, x, h in outs:
+                        ins.append(_describe(op, "output", idx, x, h, prefix, many))
+                else:
+                    for idx, x, h in outs:
+                        ins.append(h.light("output", idx, x))
+        buffer.append(*_encode(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                               code, error or "ok", loc.module, loc.phase, ins,
+                               others))  # fmt: skip
+        if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
             _wake()
-    except Exception as e:
+    except Exception as e:  # pprobe's (a step past int64, ...): the call's outcome goes on
         _report.internal_error("recording outputs", e)
     finally:
         loc.depth = depth
-    return result
 
 
 def append_row(
@@ -413,10 +451,9 @@ def append_row(
     layout of :data:`rows`. ``site`` comes from :func:`_caller`."""
     if site is _NOT_A_ROW:
         site = -1
-    head = _pack_head(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent, site,
-                      len(descs), len(others))  # fmt: skip
-    rows.append(tuple(chain((head, status, module, phase), *descs, *others)))
-    if not seq & 1023 and len(rows) >= _flush_rows and _wake is not None:
+    buffer.append(*_encode(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+                           site, status, module, phase, descs, others))  # fmt: skip
+    if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
         _wake()
 
 
@@ -464,3 +501,32 @@ def _describe(
                 path, note2 = _dumper.dump(arr, op.name, which, prefix)
             note = note2 or note
     return (role, idx, shape, dtype, device, grad, st, path, note)
+
+
+def _native_outputs(seq: int, result: Any) -> tuple[bytes, tuple]:
+    """The log-mode output records of a result the native core does not know (its arrays
+    found by :func:`values.outputs`): (desc records, objects)."""
+    descs = [h.light("output", idx, x) for idx, x, h in values.outputs(result)]
+    objs: list = []
+    return (records.encode_descs(seq, descs, objs) if descs else b""), tuple(objs)
+
+
+# ---------------------------------------------------------------------- the engine
+if _native is not None:
+    buffer = _native.init(
+        begin=_begin,
+        end=_end,
+        not_a_row=_NOT_A_ROW,
+        is_internal=_is_internal,
+        site_id=_site_id,
+        sid=records.sid,
+        ids=records._ids,
+        outputs=_native_outputs,
+        error=_report.internal_error,
+        note_thread=state.note_thread,
+        import_frame=_IMPORT_FRAME,
+        idx_strs=tuple(str(i) for i in range(64)),
+        ops=ops_by_index,
+        fixed=(records.S_OK, records.S_INPUT, records.S_OUTPUT, records.S_CPU, records.S_IDX0),
+    )
+    call = _native.call  # noqa: F811  (the same contract as the Python call above)

@@ -25,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from . import __version__, _report
+from . import __version__, _report, core
 from .config import Config
 
 RESOLVED_ENV = "PPROBE_RESOLVED"
@@ -103,6 +103,7 @@ class Run:
             "end": self.end,
             "exit": self.exit,
             "coverage": self.coverage,
+            "core": core.facts(),
             "dumps": dumper.summary() if dumper is not None else None,
             "rows_written": writer.rows_written if writer is not None else 0,
             "errors": [dict(e) for e in _report.errors],
@@ -132,6 +133,7 @@ class Run:
                 "end": self.end,
                 "exit": self.exit,
                 "coverage": self.coverage,
+                "core": proc["core"],
                 "dumps": proc["dumps"],
                 "errors": proc["errors"],
                 "warnings": proc["warnings"],

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from . import _report, recorder, state
+from . import _report, core, recorder, state
 from .config import Config
 
 #: framework module -> interceptor module (install() / uninstall()).
@@ -57,6 +57,8 @@ class Session:
             state.rank = int(os.environ["RANK"])
         if os.environ.get("WORLD_SIZE", "").isdigit():
             state.world_size = int(os.environ["WORLD_SIZE"])
+        if core.FELL_BACK:
+            _report.warn_once("core", f"the Python engine records this run: {core.REASON}.")
         s.writer.start()
         recorder.configure(s.config, s.dumper, s.writer.wake)
         _report._listeners[:] = [s.write_meta]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import Any
+
+from . import core
 
 #: ``local.depth`` at or above this means pprobe itself is working: nothing is recorded.
 INTERNAL = 1 << 20
@@ -29,8 +32,18 @@ class _Local(threading.local):
         thread_names[t.ident] = t.name
 
 
+_native = core.native
+if _native is not None:
+    # The native core keeps these per-thread fields in C thread-locals; Python code reads and
+    # writes the same values through these data descriptors (they win over the instance dict).
+    _Local.depth = _native.ThreadField(0)  # type: ignore[assignment]
+    _Local.parent = _native.ThreadField(1)  # type: ignore[assignment]
+    _Local.module = _native.ThreadField(2)  # type: ignore[assignment]
+    _Local.phase = _native.ThreadField(3)  # type: ignore[assignment]
+
 local = _Local()
-seq = itertools.count()  # next(seq) is atomic under the GIL: threads never share a seq
+#: next(seq) is atomic under the GIL: threads never share a seq
+seq: Any = _native.Counter() if _native is not None else itertools.count()
 step = 0  # training step: pprobe.step(), optimizer hooks
 manual_step = False  # pprobe.step() was called: optimizer hooks leave the step alone
 rank: int | None = None
@@ -39,7 +52,17 @@ world_size: int | None = None
 
 def reset_after_fork() -> None:
     global seq
-    seq = itertools.count()
+    if _native is not None:
+        _native.set_seq(0)
+    else:
+        seq = itertools.count()
+
+
+def note_thread() -> None:
+    """Remember the current thread's name (the native core calls it on a thread's first row,
+    so rows of a thread that ended before the flush keep their name)."""
+    t = threading.current_thread()
+    thread_names[t.ident] = t.name
 
 
 class internal:

@@ -1,7 +1,7 @@
 """Streaming the recorded rows to Arrow IPC stream files, one shard per process.
 
 A daemon thread wakes every ``flush_seconds`` (or when the hot path has buffered
-``flush_rows`` rows), drains :data:`pprobe.recorder.rows`, builds one RecordBatch per table
+``flush_rows`` rows), drains :data:`pprobe.recorder.buffer`, builds one RecordBatch per table
 and appends it to ``log/tensors-{host}-{pid}.arrows`` then ``log/ops-{host}-{pid}.arrows``
 (tensors first, so every visible op row has its tensor rows). Arrow's *stream* format is used
 because a reader can read it up to the last complete batch after the writer was killed; the
@@ -19,7 +19,7 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, recorder, state, values
+from . import _report, recorder, records, state, values
 from .state import INTERNAL
 
 
@@ -46,8 +46,10 @@ class Writer:
         self.stopping = False
         self.sinks: dict[str, Any] = {}
         self.thread: threading.Thread | None = None
-        self._dtype_names: dict[Any, str] = {}
-        self._callers: list[tuple[str | None, str | None] | None] = []
+        self._strings = _Strings()
+        self._ops_sids: tuple | None = None
+        self._sites_sids: tuple = ((), ())
+        self._args_cache: dict[Any, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -97,15 +99,17 @@ class Writer:
     def flush(self) -> None:
         """Write every buffered row. Never raises."""
         with state.internal(), self.lock:
-            q = recorder.rows
-            n = len(q)
-            if not n or self.failed:
-                if self.failed:
-                    q.clear()
+            buf = recorder.buffer
+            if self.failed:
+                buf.clear()
                 return
-            batch = [q.popleft() for _ in range(n)]
+            if not len(buf):
+                return
+            heads, descs, objs, n = buf.take()
+            if not n:
+                return
             try:
-                ops, tensors = self._to_batches(batch)
+                ops, tensors = self._to_batches(heads, descs, objs, n)
                 self._write("tensors", tensors)
                 self._write("ops", ops)
                 self.rows_written += n
@@ -130,157 +134,237 @@ class Writer:
         sink[0].write_batch(batch)
         sink[1].flush()
 
-    def _to_batches(self, batch: list) -> tuple[Any, Any]:
-        """Raw rows (recorder.rows) -> (ops, tensors) RecordBatches.
+    def _to_batches(self, heads: bytes, descs: bytes, objs: list, n: int) -> tuple[Any, Any]:
+        """Records (pprobe.records) -> (ops, tensors) RecordBatches, column by column.
 
-        The numbers (packed heads, shapes) go from bytes to Arrow through NumPy, never as
-        lists of Python ints: while the writer works, the program runs on (it gets the GIL
-        every few ms), and NumPy's own tests count references to small ints around a call.
-        """
+        Fixed fields go from the record buffers to Arrow through NumPy views; texts are ids
+        into records.strings, gathered in bulk (:class:`_Strings`). Only the rare per-call
+        objects (args, dump paths, notes, deep shapes) are looked at one by one. Nothing here
+        builds a list of Python ints (NumPy's tests count small-int references) or imports a
+        module the program did not import (pyarrow.compute would bring dateutil)."""
         import numpy as np
         import pyarrow as pa
 
         from . import schema
 
+        op_dt, desc_dt = records.numpy_dtypes()
         meta = {
             "pprobe.schema_version": schema.SCHEMA_VERSION,
             "run_id": self.run_id,
             "pid": str(self.pid),
             "host": self.host,
         }
-        n = len(batch)
-        # The packed heads, one row each: (seq, op index, t0, t1, thread, step, depth, parent,
-        # site, n_descs, n_others) (recorder.HEAD).
-        heads = np.frombuffer(b"".join([r[0] for r in batch]), dtype=np.int64)
-        heads = heads.reshape(n, len(recorder.HEAD_FIELDS))
-        seq = heads[:, 0]
-        n_descs = heads[:, 9]
-        n_others = heads[:, 10]
-        # Per distinct op, site, thread, then spread over the rows.
-        op_ids, ops_inv = np.unique(heads[:, 1], return_inverse=True)
-        opsx = recorder.ops_by_index
-        ops_u = [opsx[i] for i in op_ids.tolist()]
-        sites_u, sites_inv = np.unique(heads[:, 8], return_inverse=True)
-        callers = [self._caller(i) for i in sites_u.tolist()]
-        thr_u, thr_inv = np.unique(heads[:, 4].view(np.uint64), return_inverse=True)
+        ops = np.frombuffer(heads, dtype=op_dt)
+        strs = self._strings
+        strs.refresh()
+        # Per op index and per call site: string ids, extended as ops and sites appear.
+        op_ids = self._op_table(np)
+        site_ids = self._site_table(np)
+        seq = ops["seq"]
+        t0 = ops["t0"]
+        # Thread names: per distinct ident.
+        threads = ops["thread"]
+        if n and (threads == threads[0]).all():  # one thread: no sort
+            thr_u, thr_inv = threads[:1], np.zeros(n, dtype=np.intp)
+        else:
+            thr_u, thr_inv = np.unique(threads, return_inverse=True)
         live = {t.ident: t.name for t in threading.enumerate()}
-        thread_names = [live.get(t) or state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
+        names = [live.get(t) or state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
+        thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
+        strs.refresh()
+        op_index = ops["op"]
+        site = ops["site"]
+        has_site = site >= 0
+        site_safe = np.where(has_site, site, 0)
+        parent = ops["parent"]
+        args = self._args(ops["args"], objs)
+        ops_cols = [
+            strs.const(self.run_id, n),
+            strs.const(self.host, n),
+            _ints(pa, np, np.full(n, self.pid), pa.int64()),
+            pa.nulls(n, pa.int32())
+            if state.rank is None
+            else _ints(pa, np, np.full(n, state.rank), pa.int32()),
+            pa.nulls(n, pa.int32())
+            if state.world_size is None
+            else _ints(pa, np, np.full(n, state.world_size), pa.int32()),
+            _ints(pa, np, seq, pa.int64()),
+            strs.gather(thread_sids[thr_inv.reshape(-1)]),
+            _ints(pa, np, t0 + self.epoch0, pa.int64()),
+            _ints(pa, np, ops["t1"] - t0, pa.int64()),
+            strs.gather(op_ids[0][op_index]),
+            strs.gather(op_ids[1][op_index]),
+            strs.gather(op_ids[2][op_index]),
+            strs.gather(op_ids[3][op_index]),
+            strs.gather(ops["status"]),
+            strs.gather(np.where(has_site, site_ids[0][site_safe], -1)),
+            strs.gather(np.where(has_site, site_ids[1][site_safe], -1)),
+            strs.gather(ops["module"]),
+            strs.gather(ops["phase"]),
+            _ints(pa, np, ops["step"], pa.int64()),
+            _ints(pa, np, ops["depth"], pa.int32()),
+            _ints(pa, np, parent, pa.int64(), parent >= 0),
+            pa.array(args, type=pa.string()),
+        ]
+        ops_batch = pa.RecordBatch.from_arrays(ops_cols, schema=schema.OPS.with_metadata(meta))
+        ds = np.frombuffer(descs, dtype=desc_dt)
+        m = len(ds)
+        stats_kind = ds["stats"]
+        cols = {f: ds[f] for f in ("min", "max", "mean", "std", "nan", "inf")}
+        paths: list = [None] * m
+        notes: list = [None] * m
+        lazy = np.flatnonzero(stats_kind >= 0).tolist()
+        if lazy:
+            cols = {f: c.copy() for f, c in cols.items()}
+        for d in lazy:  # values.Lazy: device statistics
+            st = values.resolve(objs[int(stats_kind[d])], "device statistics")
+            if st is not None and st.__class__ is tuple:
+                for f, v in zip(("min", "max", "mean", "std"), st[:4]):
+                    cols[f][d] = np.nan if v is None else v
+                cols["nan"][d] = -1 if st[4] is None else st[4]
+                cols["inf"][d] = -1 if st[5] is None else st[5]
+            elif isinstance(st, str):
+                notes[d] = st
+        path_ref, note_ref = ds["path"], ds["note"]
+        for d in np.flatnonzero(note_ref >= 0).tolist():
+            notes[d] = objs[int(note_ref[d])]
+        for d in np.flatnonzero(path_ref >= 0).tolist():
+            p = objs[int(path_ref[d])]
+            if p.__class__ is not str:  # values.Lazy: a dump still being copied off a device
+                p, note2 = values.resolve(p, "deferred dump") or (None, "not dumped")
+                notes[d] = note2 or notes[d]
+            paths[d] = p
+        has_stats = stats_kind != records.STATS_NONE
+        grad = ds["grad"]
+        t_cols = [
+            strs.const(self.run_id, m),
+            _ints(pa, np, np.full(m, self.pid), pa.int64()),
+            _ints(pa, np, ds["seq"], pa.int64()),
+            strs.gather(ds["role"]),
+            strs.gather(ds["idx"]),
+            _shapes(pa, np, ds, objs),
+            strs.gather(ds["dtype"]),
+            strs.gather(ds["device"]),
+            _bools(pa, np, grad == 1, grad >= 0),
+            *(_floats(pa, np, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
+            *(_ints(pa, np, cols[f], pa.int64(), cols[f] >= 0) for f in ("nan", "inf")),
+            pa.array(paths, type=pa.string()),
+            pa.array(notes, type=pa.string()),
+        ]
+        tensors = pa.RecordBatch.from_arrays(t_cols, schema=schema.TENSORS.with_metadata(meta))
+        return ops_batch, tensors
 
-        def spread(per_distinct: list, inv: Any) -> list:
-            return np.array(per_distinct, dtype=object)[inv.reshape(-1)].tolist()
+    def _args(self, refs: Any, objs: list) -> list:
+        """The args column: each call's (name, value) pairs as text (values.arg_text), made
+        once per distinct set of pairs."""
+        n = len(refs)
+        out: list = [None] * n
+        if not objs:
+            return out
+        import numpy as np
 
         arg = values.arg_text
-        head, width = recorder.ROW_HEAD, recorder.DESC_FIELDS
-        args: list = [None] * n
-        for k in np.flatnonzero(n_others):
-            r = batch[k]
-            i = head + width * int(n_descs[k])
-            args[k] = ", ".join(arg(r[j], r[j + 1]) for j in range(i, i + 2 * int(n_others[k]), 2))
-        parent = heads[:, 7]
-        ops_cols = [
-            [self.run_id] * n,
-            [self.host] * n,
-            [self.pid] * n,
-            pa.nulls(n, pa.int32()) if state.rank is None else np.full(n, state.rank),
-            pa.nulls(n, pa.int32()) if state.world_size is None else np.full(n, state.world_size),
-            seq,
-            spread(thread_names, thr_inv),
-            heads[:, 2] + self.epoch0,
-            heads[:, 3] - heads[:, 2],
-            spread([o.framework for o in ops_u], ops_inv),
-            spread([o.name for o in ops_u], ops_inv),
-            spread([o.kind for o in ops_u], ops_inv),
-            spread([o.ufunc for o in ops_u], ops_inv),
-            [r[1] for r in batch],
-            spread([c[0] for c in callers], sites_inv),
-            spread([c[1] for c in callers], sites_inv),
-            [r[2] for r in batch],
-            [r[3] for r in batch],
-            heads[:, 5],
-            heads[:, 6],
-            _ints(pa, np, parent, pa.int64(), parent >= 0),
-            args,
-        ]
-        ops = pa.RecordBatch.from_arrays(
-            [_array(pa, np, c, f.type) for c, f in zip(ops_cols, schema.OPS)],
-            schema=schema.OPS.with_metadata(meta),
-        )
-        # Tensor rows: (role, idx, shape, dtype, device, grad, stats, path, note), seq apart
-        descs: list[tuple] = []
-        for k in np.flatnonzero(n_descs):
-            r = batch[k]
-            end = head + width * int(n_descs[k])
-            descs.extend(r[i : i + width] for i in range(head, end, width))
-        m = len(descs)
-        if m:
-            roles, idxs, shapes, dts, devs, grads, sts, paths, notes = map(list, zip(*descs))
-        else:
-            roles = idxs = shapes = dts = devs = grads = sts = paths = notes = []
-        dnames = self._dtype_names
-        for d in range(m):
-            st, path = sts[d], paths[d]
-            if st is not None and st.__class__ is not tuple:  # values.Lazy (CUDA stats)
-                sts[d] = values.resolve(st, "device statistics")
-            if path is not None and path.__class__ is not str:  # values.Lazy (CUDA dump)
-                path, note2 = values.resolve(path, "deferred dump") or (None, "not dumped")
-                paths[d] = path
-                notes[d] = note2 or notes[d]
-        dtype_names = []
-        for dt in dts:
-            dn = dnames.get(dt)
-            if dn is None:
-                dn = dnames[dt] = str(dt)
-            dtype_names.append(dn)
-        none6 = (None, None, None, None, None, None)
-        stat_cols: list[Any] = list(zip(*[st or none6 for st in sts])) if m else [()] * 6
-        # nan/inf counts: floats in the row (recorder._describe), int64 in the table
-        for c in (4, 5):
-            counts = np.array(stat_cols[c], dtype=np.float64).reshape(-1)  # None: nan
-            valid = counts == counts
-            stat_cols[c] = _ints(pa, np, np.where(valid, counts, 0), pa.int64(), valid)
-        t_cols = [
-            [self.run_id] * m,
-            [self.pid] * m,
-            np.repeat(seq, n_descs),
-            roles,
-            idxs,
-            _shapes(pa, np, shapes),
-            dtype_names,
-            devs,
-            grads,
-            *stat_cols,
-            paths,
-            notes,
-        ]
-        tensors = pa.RecordBatch.from_arrays(
-            [_array(pa, np, c, f.type) for c, f in zip(t_cols, schema.TENSORS)],
-            schema=schema.TENSORS.with_metadata(meta),
-        )
-        return ops, tensors
+        cache = self._args_cache
+        for k in np.flatnonzero(refs >= 0).tolist():
+            pairs = objs[int(refs[k])]
+            try:
+                text = cache.get(pairs)
+            except TypeError:  # an unhashable value
+                text = None
+                pairs_key = None
+            else:
+                pairs_key = pairs
+            if text is None:
+                text = ", ".join(arg(i, v) for i, v in pairs)
+                if pairs_key is not None and len(cache) < 65536:
+                    cache[pairs_key] = text
+            out[k] = text
+        return out
 
-    def _caller(self, site: int) -> tuple[str | None, str | None]:
-        """(caller, caller_function) of a call-site index (recorder.sites); -1: none."""
-        if site < 0:
-            return (None, None)
-        cache = self._callers  # by site index: a list, so it keeps no int
-        if site >= len(cache):
-            cache.extend([None] * (site + 1 - len(cache)))
-        c = cache[site]
-        if c is None:
-            code, line = recorder.sites[site]
-            c = cache[site] = (
-                f"{code.co_filename}:{line}",
-                getattr(code, "co_qualname", code.co_name),
+    def _op_table(self, np: Any) -> tuple:
+        """(framework, op, kind, ufunc) string ids per op index."""
+        ops = recorder.ops_by_index
+        t = self._ops_sids
+        if t is None or len(t[0]) < len(ops):
+            sid, opt = records.sid, records.sid_or_none
+            cols = ([sid(o.framework) for o in ops], [sid(o.name) for o in ops],
+                    [sid(o.kind) for o in ops], [opt(o.ufunc) for o in ops])  # fmt: skip
+            t = self._ops_sids = tuple(np.array(c, dtype=np.int64) for c in cols)
+            self._strings.refresh()
+        return t
+
+    def _site_table(self, np: Any) -> tuple:
+        """(caller, caller_function) string ids per call-site index (recorder.sites)."""
+        sites = recorder.sites
+        t = self._sites_sids
+        k = len(t[0])
+        if k < len(sites):
+            new = sites[k : len(sites)]
+            callers = [records.sid(f"{code.co_filename}:{line}") for code, line in new]
+            funcs = [records.sid(getattr(code, "co_qualname", code.co_name)) for code, _ in new]
+            t = self._sites_sids = (
+                np.concatenate([t[0], np.array(callers, dtype=np.int64)]),
+                np.concatenate([t[1], np.array(funcs, dtype=np.int64)]),
             )
-        return c
+            self._strings.refresh()
+        if not len(t[0]):
+            return (np.full(1, -1, dtype=np.int64), np.full(1, -1, dtype=np.int64))
+        return t
 
 
-def _array(pa: Any, np: Any, c: Any, tp: Any) -> Any:
-    if isinstance(c, pa.Array):
-        return c
-    if isinstance(c, np.ndarray):
-        return _ints(pa, np, c, tp)
-    return pa.array(c, type=tp)
+class _Strings:
+    """records.strings as an Arrow string array: a column of string ids becomes a string
+    column by Arrow's ``take`` kernel, with no Python work per row. ``pyarrow._compute`` is
+    pyarrow's own extension module; ``pyarrow.compute`` (which imports pydoc and, where it is
+    installed, dateutil into the program's process) is not used."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.dictionary: Any = None
+        self._consts: dict[int, Any] = {}
+
+    def refresh(self) -> None:
+        import pyarrow as pa
+
+        n = len(records.strings)
+        if n != self.count:
+            self.dictionary = pa.array(records.strings[:n], type=pa.string())
+            self.count = n
+
+    def gather(self, ids: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow._compute as pc
+
+        ids = np.asarray(ids)
+        n = len(ids)
+        if n and (ids == ids[0]).all():  # one value (status "ok", device "cpu", no module)
+            return self._repeat(int(ids[0]), n)
+        valid = ids >= 0
+        idx = _ints(pa, np, np.where(valid, ids, 0), pa.int32(), valid)
+        return pc.call_function("take", [self.dictionary, idx])
+
+    def _repeat(self, i: int, n: int) -> Any:
+        """String ``i`` (-1: null) n times: a slice of one array made for the longest batch."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow._compute as pc
+
+        c = self._consts.get(i)
+        if c is None or len(c) < n:
+            k = max(n, 16384)
+            if i < 0:
+                c = pa.nulls(k, pa.string())
+            else:
+                idx = _ints(pa, np, np.full(k, i, dtype=np.int32), pa.int32())
+                c = pc.call_function("take", [self.dictionary, idx])
+            self._consts[i] = c
+        return c.slice(0, n)
+
+    def const(self, s: str, n: int) -> Any:
+        i = records.sid(s)
+        self.refresh()
+        return self._repeat(i, n)
 
 
 def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
@@ -288,6 +372,8 @@ def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
 
     Straight from the buffers: ``pa.array(ndarray)`` imports numpy.ma and ``mask=``/``cast``
     pyarrow.compute, modules the program did not ask for, from the writer thread."""
+    if valid is not None and len(valid) and not valid.any():
+        return pa.nulls(len(valid), tp)
     v = np.ascontiguousarray(v, dtype=np.int32 if tp == pa.int32() else np.int64)
     bitmap = None
     if valid is not None and not valid.all():
@@ -295,14 +381,49 @@ def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
     return pa.Array.from_buffers(tp, len(v), [bitmap, pa.py_buffer(v)])
 
 
-def _shapes(pa: Any, np: Any, shapes: list) -> Any:
-    """Packed shapes (values.pack_shape: native int64 bytes) -> list<int64>."""
-    pack = values.pack_shape  # a handler of pprobe's own packs; another's may give a tuple
-    shapes = [sh if sh.__class__ is bytes else pack(sh) for sh in shapes]
-    m = len(shapes)
-    offsets = np.zeros(m + 1, dtype=np.int32)
+def _floats(pa: Any, np: Any, v: Any, valid: Any) -> Any:
+    """A float64 Arrow array of ``v``, null where ``valid`` is False or the value is NaN
+    (statistics are over finite values: NaN in a record means null)."""
+    if not valid.any():
+        return pa.nulls(len(v), pa.float64())
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    ok = valid & (v == v)
+    bitmap = None if ok.all() else pa.py_buffer(np.packbits(ok, bitorder="little"))
+    return pa.Array.from_buffers(pa.float64(), len(v), [bitmap, pa.py_buffer(v)])
+
+
+def _bools(pa: Any, np: Any, v: Any, valid: Any) -> Any:
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    data = pa.py_buffer(np.packbits(np.asarray(v, dtype=bool), bitorder="little"))
+    return pa.Array.from_buffers(pa.bool_(), len(v), [bitmap, data])
+
+
+def _shapes(pa: Any, np: Any, ds: Any, objs: list) -> Any:
+    """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
+    records.MAX_INLINE_DIMS (values.pack_shape)."""
+    m = len(ds)
+    ndim = ds["ndim"].astype(np.int64)
+    k = records.MAX_INLINE_DIMS
+    # the k inline dimensions of each record, as an (m, k) view of the record buffer
     if m:
-        np.cumsum(np.fromiter(map(len, shapes), dtype=np.int32, count=m) >> 3, out=offsets[1:])
-    flat = _ints(pa, np, np.frombuffer(b"".join(shapes), dtype=np.int64), pa.int64())
+        dims = np.ndarray((m, k), dtype=np.int64, buffer=ds, offset=ds.dtype.fields["d0"][1],
+                          strides=(ds.dtype.itemsize, 8))  # fmt: skip
+    else:
+        dims = np.zeros((0, k), dtype=np.int64)
+    deep = ndim > k
+    if deep.any():
+        pieces = []
+        refs = ds["shape_ref"]
+        for r in range(m):
+            if deep[r]:
+                pieces.append(np.frombuffer(objs[int(refs[r])], dtype=np.int64))
+            else:
+                pieces.append(dims[r, : ndim[r]])
+        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    else:
+        flat = dims[np.arange(k) < ndim[:, None]]
+    offsets = np.zeros(m + 1, dtype=np.int32)
+    np.cumsum(ndim, out=offsets[1:])
+    child = _ints(pa, np, flat, pa.int64())
     tp = pa.list_(pa.int64())
-    return pa.Array.from_buffers(tp, m, [None, pa.py_buffer(offsets)], children=[flat])
+    return pa.Array.from_buffers(tp, m, [None, pa.py_buffer(offsets)], children=[child])

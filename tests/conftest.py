@@ -22,7 +22,8 @@ from helpers import PYTHON  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def clean_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts without inherited PPROBE_* variables and leaves env and sys.path as found.
+    """Each test starts without inherited PPROBE_* variables (but PPROBE_CORE) and leaves env and
+    sys.path as found.
 
     In-process tests that call pprobe.enable() are stopped here even when they fail, so no
     patched numpy leaks into the next test.
@@ -30,6 +31,10 @@ def clean_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     saved_env = dict(os.environ)
     saved_path = list(sys.path)
     for k in list(os.environ):
+        # PPROBE_CORE picks the engine the whole test session runs (run_tests.sh runs the
+        # suite once per engine): kept, so subprocesses run the same engine.
+        if k == "PPROBE_CORE":
+            continue
         if k == "PPROBE" or k.startswith("PPROBE_") or k in ("RANK", "WORLD_SIZE"):
             monkeypatch.delenv(k)
     try:

@@ -28,11 +28,13 @@ _DROP = ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "R
 
 
 def clean_env(**extra: str | None) -> dict[str, str]:
-    """os.environ without PPROBE_* and PYTHON* start-up variables, plus ``extra`` (None drops)."""
+    """os.environ without PPROBE_* (but PPROBE_CORE) and PYTHON* start-up variables, plus
+    ``extra`` (None drops)."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not (k == "PPROBE" or k.startswith("PPROBE_")) and k not in _DROP
+        # PPROBE_CORE (the engine this test session runs) is passed on to the children
+        if k == "PPROBE_CORE" or not (k == "PPROBE" or k.startswith("PPROBE_")) and k not in _DROP
     }
     for k, v in extra.items():
         if v is None:

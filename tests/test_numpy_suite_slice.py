@@ -96,9 +96,9 @@ def test_buffered_rows_hold_no_dtype_or_class(tmp_path: Path) -> None:
     try:
         calls()  # first sight of each type: pprobe's per-type caches
         before = [sys.getrefcount(x) for x in (dt, np.float32, np.dtype("f8"))]
-        n = len(recorder.rows)
+        n = len(recorder.buffer)
         calls()
-        assert len(recorder.rows) >= n + 3  # still buffered, not yet flushed
+        assert len(recorder.buffer) >= n + 3  # still buffered, not yet flushed
         after = [sys.getrefcount(x) for x in (dt, np.float32, np.dtype("f8"))]
         assert after == before  # NumPy's test_api.py / test_arrayobject.py count these
     finally:
@@ -109,16 +109,16 @@ def test_long_sequences_are_looked_into_up_to_a_bound(tmp_path: Path) -> None:
     import numpy as np
 
     import pprobe
-    from pprobe import recorder, values
+    from pprobe import recorder, records, values
 
     a = np.ones(1)
     pprobe.enable(mode="log", output=str(tmp_path / "out"), flush_seconds=3600)
     try:
         out = np.concatenate((a,) * 100_000)
-        row = recorder.rows[-1]
+        heads, _descs, _objs, n = recorder.buffer.take()
         assert out.shape == (100_000,)
-        head = dict(zip(recorder.HEAD_FIELDS, recorder.HEAD.unpack(row[0])))  # recorder.rows
-        n_descs = head["n_descs"]
+        op_dt, _ = records.numpy_dtypes()
+        n_descs = int(np.frombuffer(heads, dtype=op_dt)["n_descs"][n - 1])
         assert n_descs == values.MAX_ELEMENTS + 1  # inputs looked into, and the output
     finally:
         pprobe.disable()

@@ -4,7 +4,7 @@ Before Python 3.12 small ints are shared, refcounted objects. NumPy's own tests 
 references around a call (``c = sys.getrefcount(123); np.add(...); assert sys.getrefcount(123)
 == c``, ``dim = 1; np.zeros([dim] * 10)``: test_numeric.py::test_for_reference_leak,
 test_regression.py::test_refcount_vdot, test_ufunc.py::test_ufunc_out_casterrors...). A row
-waits in ``recorder.rows`` until the writer flushes it, so whatever it keeps must not be one of
+waits in ``recorder.buffer`` until the writer flushes it, so whatever it keeps must not be one of
 those ints: not in the row's head (seq, step, depth...), not in a shape, not in an argument
 (``axis=1``, ``reshape(2, 3)``, an index), not in statistics (nan/inf counts).
 """
@@ -55,7 +55,7 @@ def rows():
         from pprobe import recorder
     except ImportError:
         return 0
-    return len(recorder.rows)
+    return len(recorder.buffer)
 
 
 calls()  # first sight of each type and call site: pprobe's caches
@@ -162,10 +162,10 @@ def test_rows_hold_no_small_int_in_process(tmp_path):
         gc.disable()
         try:
             before = [sys.getrefcount(x) for x in small]
-            n = len(recorder.rows)
+            n = len(recorder.buffer)
             calls()
             after = [sys.getrefcount(x) for x in small]
-            assert len(recorder.rows) == n + 5
+            assert len(recorder.buffer) == n + 5
         finally:
             gc.enable()
         assert after == before

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import values
+from .. import core, records, values
 
 # A row names dtypes; it never holds the dtype object: NumPy's own tests count references to
 # dtypes (test_api.py::test_array_array, test_arrayobject.py::test_cleanup_with_refs...), and a
@@ -159,8 +159,34 @@ def array_stats(a: np.ndarray) -> tuple | None:
 HANDLER = NumpyHandler()
 
 
+def _dtype_sid(dt: Any) -> int:
+    return records.sid(dtype_name(dt))
+
+
+def _native_init() -> None:
+    """Hand the native core NumPy's types and the names of the builtin dtypes, and let it
+    check NumPy's array struct on a live array (it raises if the struct is not the one it
+    reads; then the Python path describes NumPy arrays)."""
+    native = core.native
+    if native is None:
+        return
+    scalars: dict[type, int] = {}
+    for d in _BUILTIN:
+        if d.kind in "biufc" and d.type not in scalars:
+            scalars[d.type] = records.sid(_NAMES[id(d)])
+    descrs = {id(d): records.sid(_NAMES[id(d)]) for d in _BUILTIN}
+    try:
+        native.numpy_init(np.ndarray, np.generic, np.ufunc, scalars, descrs, _dtype_sid,
+                          np.zeros((2, 3), dtype=np.float32))  # fmt: skip
+    except Exception as e:
+        from .. import _report
+
+        _report.internal_error("checking NumPy's array struct (native core)", e)
+
+
 def register() -> None:
     values.register(np.ndarray, HANDLER)
     values.register(np.generic, HANDLER)
     _init_names()
     values.register_text(np.dtype, dtype_repr)
+    _native_init()

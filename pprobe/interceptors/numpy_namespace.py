@@ -51,11 +51,18 @@ from typing import Any
 import numpy as np
 import wrapt
 
-from .. import _cpython, recorder
+from .. import _cpython, core, recorder
 from . import numpy_arrays, numpy_ndarray
 
 _call = recorder.call
 _hidden = recorder.hidden
+#: The native core when it is the engine (pprobe.core): it switches each ufunc's and
+#: dispatcher's vectorcall pointer; no ctypes, no Python frame.
+_native = core.native
+#: ufunc method name -> {ufunc: op index} (native engine)
+_native_method_ops: dict[str, dict[Any, int]] = {
+    m: {} for m in ("reduce", "accumulate", "reduceat", "outer", "at")
+}
 
 #: Public module -> the name its functions are reported under.
 MODULES = {
@@ -149,6 +156,7 @@ class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         return getattr(orig, "__wrapped__", orig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # pytest leaves this frame out of tracebacks
         return _call(self._self_op, self._self_orig, args, kwargs)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -187,6 +195,7 @@ class HiddenProxy(FunctionProxy):
     """A helper that is never a row; what it calls inside is hidden too."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
         return _hidden(self._self_orig, args, kwargs)
 
 
@@ -312,6 +321,7 @@ def _make_call(orig_call: Any) -> Any:
     """The ``__call__`` put in a type's dict (see :func:`_cpython.install_call_slot`)."""
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
         t = _targets.get(id(self))
         if t is None:  # not a public NumPy callable (SciPy's ufuncs, NumPy's private ones)
             return orig_call(self, *args, **kwargs)
@@ -397,6 +407,14 @@ def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | No
         return 0
     name = f"{public}.{attr}"
     if isinstance(obj, np.ufunc):
+        if _native is not None:
+            op = recorder.op(name, "ufunc", "numpy", obj.__name__, hidden=hidden)
+            _native.hook(obj, op.index)
+            _targets[key] = (None, op, None, obj)
+            for m in _UFUNC_METHODS:
+                mop = recorder.op(f"{name}.{m}", f"ufunc.{m}", "numpy", obj.__name__)
+                _native_method_ops[m][obj] = mop.index
+            return 1
         op = recorder.op(name, "ufunc", "numpy", obj.__name__)
         _targets[key] = (_run_hidden if hidden else _call, op, _ufunc_orig_call.__get__(obj), obj)
         for m in _UFUNC_METHODS:
@@ -404,6 +422,11 @@ def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | No
             _method_targets[m][key] = (mop, _ufunc_orig_methods[m].__get__(obj))
         return 1
     if isinstance(obj, _dispatcher_type):
+        if _native is not None:
+            op = recorder.op(name, "function", "numpy", hidden=hidden)
+            _native.hook(obj, op.index)
+            _targets[key] = (None, op, None, obj)
+            return 1
         op = recorder.op(name, "function", "numpy")
         bound = _dispatcher_orig_call.__get__(obj)
         _targets[key] = (_run_hidden if hidden else _call, op, bound, obj)
@@ -419,6 +442,15 @@ def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | No
 def _install_full() -> None:
     """Switch the call slots of ufuncs and dispatchers and ufunc's methods (full coverage)."""
     global _dispatcher_orig_call, _ufunc_orig_call
+    if _native is not None:
+        # Native engine: each public instance's own vectorcall pointer is switched as it is
+        # found (_record_in_place); ufunc's methods become MethodProbes looking the op up by
+        # the ufunc they are called on.
+        for m in _UFUNC_METHODS:
+            orig = np.ufunc.__dict__[m]
+            _ufunc_orig_methods[m] = orig
+            _native.set_type_attr(np.ufunc, m, _native.MethodProbe(orig, -1, _native_method_ops[m]))
+        return
     _ufunc_orig_call = _cpython.original(np.ufunc, "__call__")
     _dispatcher_orig_call = _cpython.original(_dispatcher_type, "__call__")
     for m in _UFUNC_METHODS:
@@ -433,8 +465,16 @@ def _install_full() -> None:
 
 
 def _uninstall_full() -> None:
-    for tp in (np.ufunc, _dispatcher_type):
-        _cpython.restore(tp)
+    if _native is not None:
+        _native.unhook_all()
+        for m, orig in _ufunc_orig_methods.items():
+            _native.set_type_attr(np.ufunc, m, orig)
+        _ufunc_orig_methods.clear()
+        for by_ufunc in _native_method_ops.values():
+            by_ufunc.clear()
+    else:
+        for tp in (np.ufunc, _dispatcher_type):
+            _cpython.restore(tp)
     _targets.clear()
     for d in _method_targets.values():
         d.clear()
@@ -451,6 +491,8 @@ def probed(obj: Any) -> bool:
     recorded: a proxy, or an original recorded in place."""
     if isinstance(obj, FunctionProxy):
         return True
+    if _installed and _native is not None and id(obj) in _targets:
+        return bool(_native.is_hooked(obj))
     return _installed and (id(obj) in _targets or id(obj) in _swapped_ids)
 
 

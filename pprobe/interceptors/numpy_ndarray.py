@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _cpython, _report, recorder
+from .. import _cpython, _report, core, recorder
 
 #: operator dunder -> the ufunc NumPy's slot resolves it to
 OPERATORS = {
@@ -45,6 +45,7 @@ _state: dict[str, Any] = {}
 
 def _binary(op: recorder.Op, orig: Any) -> Any:
     def f(self: Any, other: Any, _op: Any = op, _orig: Any = orig) -> Any:
+        __tracebackhide__ = True
         return _call(_op, _orig, (self, other), _EMPTY)
 
     return f
@@ -66,6 +67,7 @@ def _unary(op: recorder.Op, orig: Any) -> Any:
 
 def _method(op: recorder.Op, orig: Any, owner: str = "ndarray") -> Any:
     def f(self: Any, *args: Any, _op: Any = op, _orig: Any = orig, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
         return _call(_op, _orig, (self, *args), kwargs)
 
     f.__name__ = orig.__name__
@@ -116,6 +118,8 @@ def install(coverage: str) -> dict[str, Any]:
     global _installed
     if coverage == "namespace":
         return {"coverage": "namespace", "reason": "PPROBE_COVERAGE=namespace"}
+    if _native is not None:
+        return _install_native()
     ok, reason = _cpython.selftest()
     if not ok:
         _report.warn_once(
@@ -168,14 +172,125 @@ def patch_random(mod: Any) -> None:
             ):
                 continue
             op = recorder.op(f"numpy.random.{tname}.{name}", "method", "numpy")
-            _cpython.set_type_attr(tp, name, _method(op, orig, tname))
+            if _native is not None:
+                _native.set_type_attr(tp, name, _native.MethodProbe(orig, op.index))
+                _native_saved.append((tp, name, orig))
+            else:
+                _cpython.set_type_attr(tp, name, _method(op, orig, tname))
 
 
 def uninstall() -> None:
     global _installed
+    if _installed and _native is not None:
+        for tp, name, orig in reversed(_native_saved):
+            _native.set_type_attr(tp, name, orig)
+        _native_saved.clear()
+        _native.set_operators({})
+        _random_patched.clear()
+        _installed = False
     if _installed:
         _cpython.restore(np.ndarray)
         for tp in _random_patched:
             _cpython.restore(tp)
         _random_patched.clear()
         _installed = False
+
+
+# ---------------------------------------------------------------------- native engine
+# With the native core, ndarray's slots are left alone: an operator (``a + b``) reaches the
+# ufunc NumPy's slot calls (np.add), whose vectorcall pointer the core switched; the core
+# tells the operator from a call by the opcode the calling frame is executing (BINARY_OP,
+# COMPARE_OP, UNARY_*), and names the row by the table below. NumPy's temporary elision and
+# C code calling ndarray's number slots are as unprobed. Methods are MethodProbes in the type
+# dict (no Python frame).
+_native = core.native
+_native_saved: list[tuple[type, str, Any]] = []  # (type, name, original)
+K_BINARY, K_INPLACE, K_COMPARE, K_UNARY = 1, 2, 3, 4
+#: ufuncs NumPy's ``a ** k`` fast path calls instead of power (k = 2, 0.5, -1, 1)
+POWER_UFUNCS = ("power", "square", "sqrt", "reciprocal", "positive")
+
+
+def opcode_table() -> bytes:
+    """The operator class (K_*) of each (opcode << 8 | oparg) of this interpreter."""
+    import dis
+
+    t = bytearray(65536)
+    opmap = dis.opmap
+
+    def fill(name: str, k: int, arg: int | None = None) -> None:
+        code = opmap.get(name)
+        if code is None:
+            return
+        for a in range(256) if arg is None else (arg,):
+            t[code << 8 | a] = k
+
+    if "BINARY_OP" in opmap:  # 3.11+: one opcode, the operator in its oparg
+        nb_ops = getattr(dis, "_nb_ops", None)
+        if nb_ops is None:
+            import opcode
+
+            nb_ops = opcode._nb_ops  # type: ignore[attr-defined]
+        for i, (name, _sym) in enumerate(nb_ops):
+            fill("BINARY_OP", K_INPLACE if "INPLACE" in name else K_BINARY, i)
+    for name in opmap:
+        if name.startswith("BINARY_") and name not in (
+            "BINARY_OP",
+            "BINARY_SUBSCR",
+            "BINARY_SLICE",
+        ):
+            fill(name, K_BINARY)  # 3.10: BINARY_ADD, ...
+        elif name.startswith("INPLACE_"):
+            fill(name, K_INPLACE)
+    fill("COMPARE_OP", K_COMPARE)
+    for name in ("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_POSITIVE"):
+        fill(name, K_UNARY)
+    fill("CALL_INTRINSIC_1", K_UNARY, 5)  # 3.12+: INTRINSIC_UNARY_POSITIVE
+    return bytes(t)
+
+
+def operator_ops() -> dict[tuple[int, str, int], int]:
+    """(operator class, ufunc name, reflected) -> op index of the ndarray operator row."""
+    table: dict[tuple[int, str, int], int] = {}
+
+    def op(dunder: str, ufunc: str) -> int:
+        return recorder.op(f"numpy.ndarray.{dunder}", "operator", "numpy", ufunc).index
+
+    for short, uf in OPERATORS.items():
+        fwd, ref, inp = op(f"__{short}__", uf), op(f"__r{short}__", uf), op(f"__i{short}__", uf)
+        for u in POWER_UFUNCS if short == "pow" else (uf,):
+            table[(K_BINARY, u, 0)] = fwd
+            table[(K_BINARY, u, 1)] = ref
+            table[(K_INPLACE, u, 0)] = inp
+            table[(K_INPLACE, u, 1)] = ref
+    for short, uf in UNARY.items():
+        if short != "abs":  # abs(a) is a call of the builtin: a row of numpy.absolute
+            table[(K_UNARY, uf, 0)] = op(f"__{short}__", uf)
+    for short, uf in COMPARE.items():
+        table[(K_COMPARE, uf, 0)] = op(f"__{short}__", uf)
+    return table
+
+
+def _install_native() -> dict[str, Any]:
+    global _installed
+    if _installed:
+        return {"coverage": "full"}
+    assert _native is not None
+    methods = public_methods()
+    try:
+        _native.set_opcodes(opcode_table())
+        ops = operator_ops()
+        _native.set_operators(ops)
+        for name, orig in methods.items():
+            op = recorder.op(f"numpy.ndarray.{name}", "method", "numpy")
+            _native.set_type_attr(np.ndarray, name, _native.MethodProbe(orig, op.index))
+            _native_saved.append((np.ndarray, name, orig))
+    except Exception as e:
+        for tp, name, orig in reversed(_native_saved):
+            _native.set_type_attr(tp, name, orig)
+        _native_saved.clear()
+        _report.internal_error("patching ndarray methods", e)
+        return {"coverage": "namespace", "reason": f"{type(e).__name__}: {e}"}
+    _installed = True
+    if "numpy.random" in sys.modules:
+        patch_random(sys.modules["numpy.random"])
+    return {"coverage": "full", "operators": len(set(ops.values())), "methods": len(methods)}

@@ -33,7 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import _report, recorder, state
+from .. import _report, core, recorder, records, state
 from ..state import INTERNAL
 from . import torch_dist, torch_modules, torch_values
 
@@ -41,6 +41,8 @@ _local: Any = state.local
 _call = recorder.call
 _is_compiling = torch.compiler.is_compiling
 _task_id = torch._C._current_graph_task_id
+#: the native core's api-level handler (pprobe.core), None with the Python engine
+_torch_call = core.native.torch_call if core.native is not None else None
 
 #: Calls that are not operations: property access, introspection, grad-mode switches.
 SKIP = frozenset(
@@ -139,6 +141,22 @@ def _api_op(func: Any) -> Any:
     return op
 
 
+def _api_op_index(func: Any) -> int:
+    """The op index of a torch function for the native core; -1: never a row."""
+    op = _api_ops.get(func) if _hashable(func) else None
+    if op is None:
+        op = _api_op(func)
+    return -1 if op is _SKIP_OP else op.index
+
+
+def _hashable(x: Any) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
+
+
 def _aten_op(func: Any) -> Any:
     try:
         name = str(func)  # aten.addmm.default; a higher-order op's name (cond)
@@ -179,6 +197,9 @@ class ApiMode(TorchFunctionMode):
     """The ``api`` level: one row per torch call the program makes."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _torch_call is not None and not _sync and _on and not _is_compiling():
+            # the native core: op lookup, phase, descriptions and the row, in C
+            return _torch_call(func, args, kwargs)
         if kwargs is None:
             kwargs = {}
         if _is_compiling() or not recorder._active or not _on:
@@ -320,6 +341,10 @@ def install() -> dict[str, Any]:
     _sync = bool(getattr(cfg, "sync", False))
     torch_values.register()
     recorder.add_internal_path(torch.__file__)
+    if core.native is not None:
+        dtypes = {d: records.sid(n) for d, n in torch_values.DTYPE_NAMES.items()}
+        core.native.torch_init(tuple(torch_values._PLAIN), dtypes, torch_values.device_name,
+                               _api_op_index, _task_id)  # fmt: skip
     _on = True
     _api_mode = ApiMode() if "api" in _levels else None
     _aten_mode = AtenMode() if "aten" in _levels else None

@@ -1,0 +1,1664 @@
+/* pprobe's native recording core (the "native" engine; pprobe/recorder.py is its Python twin).
+ *
+ * What runs here, on every call of a recorded NumPy op:
+ *   - the interception: each public ufunc and array-function dispatcher instance carries its
+ *     own vectorcall pointer (at its type's tp_vectorcall_offset); it is pointed at
+ *     probe_vectorcall, which calls the saved original. ndarray methods and ufunc methods are
+ *     replaced in their type's dict by MethodProbe descriptors. No Python frame is added;
+ *   - the guard: active flag (session on, step inside the window), this thread's depth,
+ *     selection and every-N/first-N sampling of the op;
+ *   - the call site: the first frame outside pprobe and the frameworks, cached per
+ *     (code, instruction); an ndarray operator (a + b) is told from a call by the caller's
+ *     opcode there;
+ *   - the array descriptions (shape, dtype) of ndarrays and NumPy scalars, timestamps;
+ *   - fixed-size records (pprobe/records.py) appended to a preallocated buffer.
+ * Everything else (statistics and dumps, PPROBE_DTYPES, argument types it does not know) is
+ * handed to the Python engine's recorder._record for that call, which appends to the same
+ * buffer. Names, sites and texts are resolved by the writer, off the per-call path.
+ *
+ * Requires the GIL (a free-threaded build is refused at import by pprobe.core).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
+#error "pprobe._native supports CPython 3.10 to 3.13"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "pprobe._native needs the GIL"
+#endif
+
+#define INTERNAL (1L << 20)
+#define MAX_INLINE_DIMS 8
+
+/* ------------------------------------------------------------------ records (records.py) */
+typedef struct {
+    int64_t seq, t0, t1;
+    uint64_t thread;
+    int64_t step, parent;
+    int32_t op, site, depth, status, module, phase, n_descs, args;
+} OpRec;
+
+typedef struct {
+    int64_t seq;
+    double mn, mx, mean, std;
+    int64_t nan, inf;
+    int64_t dims[MAX_INLINE_DIMS];
+    int32_t role, idx, ndim, dtype, device, grad, stats, path, note, shape_ref;
+} DescRec;
+
+#define STATS_NONE (-2)
+
+/* ------------------------------------------------------------------ NumPy's array struct
+ * PyArrayObject_fields from numpy/ndarraytypes.h: public and ABI-stable since NumPy 1.7.
+ * Checked against the Python-visible values of a live array by numpy_init(). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} NpyArrayFields;
+
+/* ------------------------------------------------------------------ global state */
+static int g_active = 0, g_nested = 0, g_parents = 0, g_mode = 0, g_slow = 0;
+static Py_ssize_t g_flush_rows = 16384;
+static int64_t g_seq = 0;
+static int64_t g_step = 0;
+
+static _Thread_local long tl_depth = 0;
+static _Thread_local int64_t tl_parent = -1;
+static _Thread_local PyObject *tl_module = NULL; /* str or NULL */
+static _Thread_local PyObject *tl_phase = NULL;
+static _Thread_local int tl_named = 0;
+
+/* Python helpers, set by init() */
+static PyObject *py_begin = NULL;        /* recorder._begin(op, args, kwargs, depth) */
+static PyObject *py_end = NULL;          /* recorder._end(op, state, t0, t1, result, error, depth) */
+static PyObject *py_not_a_row = NULL;    /* recorder._NOT_A_ROW */
+static PyObject *py_is_internal = NULL;  /* recorder._is_internal(code) */
+static PyObject *py_site_id = NULL;      /* recorder._site_id(code, line) -> int */
+static PyObject *py_sid = NULL;          /* records.sid(str) -> int */
+static PyObject *py_ids = NULL;          /* records._ids (dict str -> int) */
+static PyObject *py_outputs = NULL;      /* recorder._native_outputs(seq, result) */
+static PyObject *py_dtype_sid = NULL;    /* numpy: dtype -> string id */
+static PyObject *py_error = NULL;        /* _report.internal_error(where, exc) */
+static PyObject *py_note_thread = NULL;  /* state.note_thread() */
+static PyObject *py_wake = NULL;         /* writer.wake or None */
+static PyObject *py_import_frame = NULL; /* recorder._IMPORT_FRAME */
+static PyObject *py_idx_strs = NULL;     /* tuple of "0".."63" */
+static int32_t s_ok, s_input, s_output, s_cpu, s_idx0;
+
+/* NumPy */
+static PyTypeObject *np_ndarray = NULL, *np_generic = NULL;
+static PyObject *np_scalar_sids = NULL; /* dict: scalar type -> dtype string id */
+static PyObject *np_descr_sids = NULL;  /* dict: id(builtin descr) -> string id */
+
+/* ------------------------------------------------------------------ ops */
+typedef struct {
+    int selected, sampled;
+    long every, first;
+    int framework; /* 1 numpy, 2 torch, 0 other */
+    int64_t calls;
+} OpInfo;
+static OpInfo *g_ops = NULL;
+static Py_ssize_t g_nops = 0;
+
+static OpInfo *op_info(Py_ssize_t i) {
+    if (i < 0 || i >= g_nops) return NULL;
+    return &g_ops[i];
+}
+
+/* ------------------------------------------------------------------ pointer hash map
+ * Open addressing, keys are object addresses (kept alive by a reference the map holds). */
+static size_t ptr_hash(void *p, intptr_t k2) {
+    uintptr_t x = (uintptr_t)p ^ ((uintptr_t)k2 * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+/* Maps keyed by (pointer, k2); k2 = 0 for single-pointer maps. */
+typedef struct {
+    void *key;
+    intptr_t k2;
+    intptr_t a, b;
+} Slot2;
+typedef struct {
+    Slot2 *slots;
+    size_t cap, n;
+} Map2;
+
+static Slot2 *map2_find(Map2 *m, void *key, intptr_t k2) {
+    if (!m->cap) return NULL;
+    size_t mask = m->cap - 1, i = ptr_hash(key, k2) & mask;
+    for (;;) {
+        Slot2 *s = &m->slots[i];
+        if (s->key == NULL) return NULL;
+        if (s->key == key && s->k2 == k2) return s;
+        i = (i + 1) & mask;
+    }
+}
+
+static int map2_grow(Map2 *m) {
+    size_t ncap = m->cap ? m->cap * 2 : 256;
+    Slot2 *ns = PyMem_Calloc(ncap, sizeof(Slot2));
+    if (!ns) return -1;
+    for (size_t j = 0; j < m->cap; j++) {
+        Slot2 *s = &m->slots[j];
+        if (!s->key) continue;
+        size_t i = ptr_hash(s->key, s->k2) & (ncap - 1);
+        while (ns[i].key) i = (i + 1) & (ncap - 1);
+        ns[i] = *s;
+    }
+    PyMem_Free(m->slots);
+    m->slots = ns;
+    m->cap = ncap;
+    return 0;
+}
+
+static Slot2 *map2_put(Map2 *m, void *key, intptr_t k2) {
+    Slot2 *s = map2_find(m, key, k2);
+    if (s) return s;
+    if ((m->n + 1) * 2 > m->cap && map2_grow(m) < 0) return NULL;
+    size_t mask = m->cap - 1, i = ptr_hash(key, k2) & mask;
+    while (m->slots[i].key) i = (i + 1) & mask;
+    s = &m->slots[i];
+    s->key = key;
+    s->k2 = k2;
+    s->a = s->b = 0;
+    m->n++;
+    return s;
+}
+
+static void map2_clear(Map2 *m, int decref_keys) {
+    for (size_t j = 0; j < m->cap; j++) {
+        if (m->slots[j].key && decref_keys) Py_DECREF((PyObject *)m->slots[j].key);
+    }
+    PyMem_Free(m->slots);
+    m->slots = NULL;
+    m->cap = m->n = 0;
+}
+
+/* code -> classification: 0 the program, 1 pprobe, 2 import machinery, 3+k a framework */
+static Map2 g_codes;
+/* (code, lasti) -> (site id, opcode class) */
+static Map2 g_sites;
+/* hooked ufunc/dispatcher instance -> (op index, original vectorcall) */
+static Map2 g_hooked;
+/* dtype descr -> string id (builtin descriptors only) */
+static Map2 g_descrs;
+
+enum { C_USER = 0, C_PPROBE = 1, C_IMPORT = 2, C_NUMPY = 3, C_TORCH = 4, C_OTHERFW = 5 };
+
+/* ------------------------------------------------------------------ the buffer */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ops;   /* bytearray of cap_ops records; the first n_ops are rows */
+    size_t n_ops, cap_ops;
+    PyObject *descs; /* bytearray of cap_descs records */
+    size_t n_descs, cap_descs;
+    PyObject *objs;  /* list */
+} BufferObject;
+
+static BufferObject *g_buffer = NULL;
+
+/* Make room for `need` records of `item` bytes in the bytearray *ba (used: n records). */
+static int reserve(PyObject **ba, size_t *cap, size_t n, size_t need, size_t item) {
+    if (need <= *cap && *ba) return 0;
+    size_t ncap = *cap ? *cap : 1024;
+    while (ncap < need) ncap *= 2;
+    PyObject *nb = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(ncap * item));
+    if (!nb) return -1;
+    if (*ba && n) memcpy(PyByteArray_AS_STRING(nb), PyByteArray_AS_STRING(*ba), n * item);
+    Py_XSETREF(*ba, nb);
+    *cap = ncap;
+    return 0;
+}
+
+static void Buffer_dealloc(BufferObject *self) {
+    Py_XDECREF(self->ops);
+    Py_XDECREF(self->descs);
+    Py_XDECREF(self->objs);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Buffer_new(PyTypeObject *tp, PyObject *a, PyObject *k) {
+    BufferObject *self = (BufferObject *)tp->tp_alloc(tp, 0);
+    if (!self) return NULL;
+    self->objs = PyList_New(0);
+    if (!self->objs) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static Py_ssize_t Buffer_len(BufferObject *self) { return (Py_ssize_t)self->n_ops; }
+
+/* Rebase object indices of one row's records by `base` (>= 0 fields only). */
+static void rebase_row(OpRec *op, DescRec *d, Py_ssize_t nd, int32_t base) {
+    if (op->args >= 0) op->args += base;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        if (d[i].stats >= 0) d[i].stats += base;
+        if (d[i].path >= 0) d[i].path += base;
+        if (d[i].note >= 0) d[i].note += base;
+        if (d[i].shape_ref >= 0) d[i].shape_ref += base;
+    }
+}
+
+/* Append one row: the op record, its desc records, and its objects (indices relative). */
+static int buffer_append(BufferObject *b, OpRec *op, DescRec *d, Py_ssize_t nd, PyObject **objs,
+                         Py_ssize_t nobj) {
+    if (reserve(&b->ops, &b->cap_ops, b->n_ops, b->n_ops + 1, sizeof(OpRec)) < 0) return -1;
+    if (nd && reserve(&b->descs, &b->cap_descs, b->n_descs, b->n_descs + nd, sizeof(DescRec)) < 0)
+        return -1;
+    int32_t base = (int32_t)PyList_GET_SIZE(b->objs);
+    for (Py_ssize_t i = 0; i < nobj; i++) {
+        if (PyList_Append(b->objs, objs[i]) < 0) return -1;
+    }
+    OpRec *o = (OpRec *)PyByteArray_AS_STRING(b->ops) + b->n_ops;
+    *o = *op;
+    DescRec *dd = nd ? (DescRec *)PyByteArray_AS_STRING(b->descs) + b->n_descs : NULL;
+    if (nd) memcpy(dd, d, nd * sizeof(DescRec));
+    if (base) rebase_row(o, dd, nd, base);
+    b->n_ops++;
+    b->n_descs += nd;
+    return 0;
+}
+
+static PyObject *Buffer_append(BufferObject *self, PyObject *args) {
+    Py_buffer head, descs;
+    PyObject *objs;
+    if (!PyArg_ParseTuple(args, "y*y*O", &head, &descs, &objs)) return NULL;
+    PyObject *res = NULL;
+    if (head.len != (Py_ssize_t)sizeof(OpRec) || descs.len % sizeof(DescRec)) {
+        PyErr_SetString(PyExc_ValueError, "records of the wrong size");
+        goto done;
+    }
+    Py_ssize_t nobj = 0;
+    PyObject **items = NULL;
+    if (objs != Py_None) {
+        if (!PyTuple_Check(objs)) {
+            PyErr_SetString(PyExc_TypeError, "objects must be a tuple or None");
+            goto done;
+        }
+        nobj = PyTuple_GET_SIZE(objs);
+        items = &PyTuple_GET_ITEM(objs, 0);
+    }
+    OpRec op;
+    memcpy(&op, head.buf, sizeof(OpRec));
+    Py_ssize_t nd = descs.len / sizeof(DescRec);
+    DescRec *tmp = NULL;
+    if (nd) {
+        tmp = PyMem_Malloc(descs.len);
+        if (!tmp) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        memcpy(tmp, descs.buf, descs.len);
+    }
+    int r = buffer_append(self, &op, tmp, nd, items, nobj);
+    PyMem_Free(tmp);
+    if (r == 0) res = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&descs);
+    return res;
+}
+
+/* The used part of a bytearray, handed over without a copy; *ba starts anew. */
+static PyObject *hand_over(PyObject **ba, size_t *cap, size_t n, size_t item) {
+    PyObject *out = *ba;
+    if (!out) return PyByteArray_FromStringAndSize(NULL, 0);
+    if (PyByteArray_Resize(out, (Py_ssize_t)(n * item)) < 0) return NULL;
+    *ba = NULL;
+    /* a normal batch's room is kept; what a burst grew past 16384 records is given back */
+    if (*cap > 16384) *cap = 16384;
+    return out;
+}
+
+static PyObject *Buffer_take(BufferObject *self, PyObject *unused) {
+    PyObject *nobjs = PyList_New(0);
+    if (!nobjs) return NULL;
+    PyObject *ops = hand_over(&self->ops, &self->cap_ops, self->n_ops, sizeof(OpRec));
+    if (!ops) {
+        Py_DECREF(nobjs);
+        return NULL;
+    }
+    PyObject *descs = hand_over(&self->descs, &self->cap_descs, self->n_descs, sizeof(DescRec));
+    if (!descs) {
+        Py_DECREF(nobjs);
+        Py_DECREF(ops);
+        return NULL;
+    }
+    PyObject *objs = self->objs;
+    self->objs = nobjs;
+    Py_ssize_t n = (Py_ssize_t)self->n_ops;
+    self->n_ops = self->n_descs = 0;
+    return Py_BuildValue("(NNNn)", ops, descs, objs, n);
+}
+
+static PyObject *Buffer_clear(BufferObject *self, PyObject *unused) {
+    self->n_ops = self->n_descs = 0;
+    PyObject *n = PyList_New(0);
+    if (!n) return NULL;
+    Py_SETREF(self->objs, n);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Buffer_methods[] = {
+    {"append", (PyCFunction)Buffer_append, METH_VARARGS,
+     "append(op record, desc records, objects or None)"},
+    {"take", (PyCFunction)Buffer_take, METH_NOARGS,
+     "take() -> (op records, desc records, objects, rows): every buffered row"},
+    {"clear", (PyCFunction)Buffer_clear, METH_NOARGS, "drop every buffered row"},
+    {NULL}};
+
+static PySequenceMethods Buffer_seq = {.sq_length = (lenfunc)Buffer_len};
+
+static PyTypeObject BufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pprobe._native.Buffer",
+    .tp_basicsize = sizeof(BufferObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Buffer_new,
+    .tp_dealloc = (destructor)Buffer_dealloc,
+    .tp_methods = Buffer_methods,
+    .tp_as_sequence = &Buffer_seq,
+    .tp_doc = "Rows waiting for the writer, in the layout of pprobe.records.",
+};
+
+/* ------------------------------------------------------------------ small helpers */
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* what time.perf_counter_ns() reads on Linux */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Report a failure inside pprobe (the current exception) once, and clear it. */
+static void report(const char *where) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (py_error && v) {
+        long saved = tl_depth;
+        tl_depth = INTERNAL;
+        PyObject *r = PyObject_CallFunction(py_error, "sO", where, v);
+        tl_depth = saved;
+        if (!r) PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+}
+
+static int32_t sid_of(PyObject *s) {
+    /* records.sid(s), looking the dict up first */
+    if (s == NULL || s == Py_None) return -1;
+    PyObject *v = PyDict_GetItemWithError(py_ids, s);
+    if (v) return (int32_t)PyLong_AsLong(v);
+    if (PyErr_Occurred()) return -1;
+    PyObject *r = PyObject_CallOneArg(py_sid, s);
+    if (!r) return -1;
+    long i = PyLong_AsLong(r);
+    Py_DECREF(r);
+    return (int32_t)i;
+}
+
+/* ------------------------------------------------------------------ call sites */
+static int classify_code(PyCodeObject *code) {
+    Slot2 *s = map2_find(&g_codes, code, 0);
+    if (s) return (int)s->a;
+    PyObject *r = PyObject_CallOneArg(py_is_internal, (PyObject *)code);
+    if (!r) return -1;
+    int c;
+    if (r == Py_False || r == Py_None)
+        c = C_USER;
+    else if (r == Py_True)
+        c = C_PPROBE;
+    else if (r == py_import_frame)
+        c = C_IMPORT;
+    else if (PyUnicode_Check(r) && PyUnicode_CompareWithASCIIString(r, "numpy") == 0)
+        c = C_NUMPY;
+    else if (PyUnicode_Check(r) && PyUnicode_CompareWithASCIIString(r, "torch") == 0)
+        c = C_TORCH;
+    else
+        c = PyObject_IsTrue(r) ? C_OTHERFW : C_USER;
+    Py_DECREF(r);
+    s = map2_put(&g_codes, code, 0);
+    if (!s) return -1;
+    Py_INCREF(code);
+    s->a = c;
+    return c;
+}
+
+/* operator detection: opclass per (opcode << 8 | oparg), filled by set_opcodes() */
+static unsigned char g_opclass[65536];
+enum { K_CALL = 0, K_BINARY = 1, K_INPLACE = 2, K_COMPARE = 3, K_UNARY = 4 };
+
+static int opclass_at(PyCodeObject *code, int lasti) {
+    if (lasti < 0) return K_CALL;
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *bytes = PyCode_GetCode(code);
+#else
+    PyObject *bytes = code->co_code;
+    Py_INCREF(bytes);
+#endif
+    if (!bytes) {
+        PyErr_Clear();
+        return K_CALL;
+    }
+    int k = K_CALL;
+    Py_ssize_t n = PyBytes_GET_SIZE(bytes);
+    if (lasti + 1 < n) {
+        const unsigned char *c = (const unsigned char *)PyBytes_AS_STRING(bytes);
+        k = g_opclass[(c[lasti] << 8) | c[lasti + 1]];
+    }
+    Py_DECREF(bytes);
+    return k;
+}
+
+#define NOT_A_ROW (-2)
+
+/* The call site of the current call: site id (>= 0), -1 (none), NOT_A_ROW, or -3 on error.
+ * *opclass gets how the site called (K_*). */
+static int caller_site(int framework, int *opclass) {
+    PyThreadState *ts = PyThreadState_Get();
+    PyFrameObject *f = PyThreadState_GetFrame(ts);
+    int first = 1;
+    *opclass = K_CALL;
+    while (f) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int c = classify_code(code);
+        if (c < 0) {
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return -3;
+        }
+        if (c == C_USER) {
+#if PY_VERSION_HEX >= 0x030B0000
+            int lasti = PyFrame_GetLasti(f);
+#else
+            int lasti = f->f_lasti * 2;
+#endif
+            Slot2 *s = map2_find(&g_sites, code, lasti);
+            if (!s) {
+                int line = PyFrame_GetLineNumber(f);
+                PyObject *r = PyObject_CallFunction(py_site_id, "Oi", (PyObject *)code, line);
+                if (!r) {
+                    Py_DECREF(code);
+                    Py_DECREF(f);
+                    return -3;
+                }
+                long id = PyLong_AsLong(r);
+                Py_DECREF(r);
+                s = map2_put(&g_sites, code, lasti);
+                if (!s) {
+                    Py_DECREF(code);
+                    Py_DECREF(f);
+                    return -3;
+                }
+                Py_INCREF(code);
+                s->a = id;
+                s->b = opclass_at(code, lasti);
+            }
+            *opclass = (int)s->b;
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return (int)s->a;
+        }
+        Py_DECREF(code);
+        if (c != C_PPROBE) {
+            if (c == C_IMPORT || (first && c == framework)) {
+                Py_DECREF(f);
+                return NOT_A_ROW;
+            }
+            first = 0;
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ descriptions */
+typedef struct {
+    DescRec *d;
+    Py_ssize_t n, cap;
+    DescRec inline_[8];
+    PyObject *objs[16];
+    Py_ssize_t nobj;
+    PyObject *pairs; /* list of (idx, value) pairs, or NULL */
+} Descs;
+
+static void descs_free(Descs *ds) {
+    if (ds->d != ds->inline_) PyMem_Free(ds->d);
+    for (Py_ssize_t i = 0; i < ds->nobj; i++) Py_DECREF(ds->objs[i]);
+    Py_XDECREF(ds->pairs);
+}
+
+static DescRec *descs_add(Descs *ds) {
+    if (ds->n == ds->cap) {
+        Py_ssize_t ncap = ds->cap * 2;
+        DescRec *nd = PyMem_Malloc(ncap * sizeof(DescRec));
+        if (!nd) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(nd, ds->d, ds->n * sizeof(DescRec));
+        if (ds->d != ds->inline_) PyMem_Free(ds->d);
+        ds->d = nd;
+        ds->cap = ncap;
+    }
+    DescRec *r = &ds->d[ds->n++];
+    memset(r, 0, sizeof(DescRec));
+    r->mn = r->mx = r->mean = r->std = Py_NAN;
+    r->nan = r->inf = -1;
+    r->grad = -1;
+    r->stats = STATS_NONE;
+    r->path = r->note = r->shape_ref = -1;
+    r->device = s_cpu;
+    return r;
+}
+
+static int32_t descr_sid(PyObject *descr) {
+    Slot2 *s = map2_find(&g_descrs, descr, 0);
+    if (s) return (int32_t)s->a;
+    PyObject *r = PyObject_CallOneArg(py_dtype_sid, descr);
+    if (!r) return -2;
+    long id = PyLong_AsLong(r);
+    Py_DECREF(r);
+    /* builtin descriptors are static singletons: cache them (others may be freed) */
+    PyObject *key = PyLong_FromVoidPtr(descr);
+    if (key) {
+        int builtin = PyDict_Contains(np_descr_sids, key) == 1;
+        Py_DECREF(key);
+        if (builtin) {
+            s = map2_put(&g_descrs, descr, 0);
+            if (s) {
+                Py_INCREF(descr);
+                s->a = id;
+            }
+        }
+    }
+    PyErr_Clear();
+    return (int32_t)id;
+}
+
+/* torch tensors of the plain types (torch.Tensor, nn.Parameter): shape, dtype, device,
+ * requires_grad read through their Python attributes (no torch headers are needed); anything
+ * unusual (symbolic or nested sizes, a new dtype) is left to the Python path. */
+static PyObject *torch_plain = NULL;      /* tuple of types */
+static PyObject *torch_dtype_sids = NULL; /* dict: torch.dtype -> string id */
+static PyObject *py_device_name = NULL;   /* torch_values.device_name(tensor) -> str */
+
+static int describe_tensor_type(PyTypeObject *tp) {
+    Py_ssize_t n = PyTuple_GET_SIZE(torch_plain);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((PyObject *)tp == PyTuple_GET_ITEM(torch_plain, i)) return 1;
+    return 0;
+}
+
+static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
+    int ok = 0;
+    PyObject *shape = PyObject_GetAttrString(x, "shape");
+    PyObject *dtype = shape ? PyObject_GetAttrString(x, "dtype") : NULL;
+    PyObject *is_cpu = dtype ? PyObject_GetAttrString(x, "is_cpu") : NULL;
+    PyObject *grad = is_cpu ? PyObject_GetAttrString(x, "requires_grad") : NULL;
+    if (!grad) {
+        PyErr_Clear(); /* nested tensors have no shape: the Python path */
+        goto done;
+    }
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > MAX_INLINE_DIMS) goto done;
+    PyObject *dt = PyDict_GetItemWithError(torch_dtype_sids, dtype);
+    if (!dt) {
+        PyErr_Clear();
+        goto done;
+    }
+    Py_ssize_t nd = PyTuple_GET_SIZE(shape);
+    int64_t dims[MAX_INLINE_DIMS];
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *d = PyTuple_GET_ITEM(shape, i);
+        if (!PyLong_CheckExact(d)) goto done; /* a symbolic size */
+        dims[i] = PyLong_AsLongLong(d);
+        if (dims[i] == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto done;
+        }
+    }
+    int32_t dev = s_cpu;
+    if (is_cpu != Py_True) {
+        long saved = tl_depth;
+        tl_depth = INTERNAL;
+        PyObject *name = PyObject_CallOneArg(py_device_name, x);
+        tl_depth = saved;
+        if (!name) {
+            PyErr_Clear();
+            goto done;
+        }
+        dev = sid_of(name);
+        Py_DECREF(name);
+        if (dev < 0) {
+            PyErr_Clear();
+            goto done;
+        }
+    }
+    DescRec *r = descs_add(ds);
+    if (!r) {
+        ok = -1;
+        goto done;
+    }
+    r->seq = seq;
+    r->role = role;
+    r->idx = idx;
+    r->ndim = (int32_t)nd;
+    for (Py_ssize_t i = 0; i < nd; i++) r->dims[i] = dims[i];
+    r->dtype = (int32_t)PyLong_AsLong(dt);
+    r->device = dev;
+    r->grad = grad == Py_True;
+    ok = 1;
+done:
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    Py_XDECREF(is_cpu);
+    Py_XDECREF(grad);
+    return ok;
+}
+
+/* 1: described; 0: not a NumPy array or scalar; -1: error */
+static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
+    PyTypeObject *tp = Py_TYPE(x);
+    if (np_ndarray && (tp == np_ndarray || PyType_IsSubtype(tp, np_ndarray))) {
+        NpyArrayFields *a = (NpyArrayFields *)x;
+        int32_t dt = descr_sid(a->descr);
+        if (dt == -2) return -1;
+        if (a->nd > MAX_INLINE_DIMS) return 0; /* deep shapes: the Python path */
+        DescRec *r = descs_add(ds);
+        if (!r) return -1;
+        r->seq = seq;
+        r->role = role;
+        r->idx = idx;
+        r->ndim = a->nd;
+        for (int i = 0; i < a->nd; i++) r->dims[i] = a->dimensions[i];
+        r->dtype = dt;
+        return 1;
+    }
+    if (torch_plain && PyTuple_GET_SIZE(torch_plain) && describe_tensor_type(tp))
+        return describe_tensor(ds, x, role, idx, seq);
+    if (np_generic && (tp == np_generic || PyType_IsSubtype(tp, np_generic))) {
+        int32_t dt;
+        PyObject *v = PyDict_GetItemWithError(np_scalar_sids, (PyObject *)tp);
+        if (v) {
+            dt = (int32_t)PyLong_AsLong(v);
+        } else {
+            if (PyErr_Occurred()) return -1;
+            PyObject *descr = PyObject_GetAttrString(x, "dtype");
+            if (!descr) return -1;
+            dt = descr_sid(descr);
+            Py_DECREF(descr);
+            if (dt == -2) return -1;
+        }
+        DescRec *r = descs_add(ds);
+        if (!r) return -1;
+        r->seq = seq;
+        r->role = role;
+        r->idx = idx;
+        r->ndim = 0;
+        r->dtype = dt;
+        return 1;
+    }
+    return 0;
+}
+
+static int32_t idx_sid(Py_ssize_t i) { return i < 64 ? s_idx0 + (int32_t)i : -1; }
+
+/* Add an (idx, value) pair to the args; a cached small int becomes (None, "idx=v"). */
+static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
+    if (!ds->pairs) {
+        ds->pairs = PyList_New(0);
+        if (!ds->pairs) return -1;
+    }
+    PyObject *pair;
+    if (PyLong_CheckExact(v)) {
+        int overflow = 0;
+        long x = PyLong_AsLongAndOverflow(v, &overflow);
+        if (!overflow && x >= -5 && x <= 256) {
+            PyObject *text = PyUnicode_FromFormat("%U=%ld", idx, x);
+            if (!text) return -1;
+            pair = PyTuple_Pack(2, Py_None, text);
+            Py_DECREF(text);
+        } else {
+            pair = PyTuple_Pack(2, idx, v);
+        }
+    } else {
+        pair = PyTuple_Pack(2, idx, v);
+    }
+    if (!pair) return -1;
+    int r = PyList_Append(ds->pairs, pair);
+    Py_DECREF(pair);
+    return r;
+}
+
+/* One argument: 1 handled, 0 unknown kind (use the Python path), -1 error. */
+static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, int64_t seq) {
+    int r = describe_np(ds, x, s_input, idx, seq);
+    if (r) return r;
+    if (PyFloat_CheckExact(x) || PyLong_CheckExact(x) || x == Py_None || PyBool_Check(x) ||
+        PyUnicode_CheckExact(x))
+        return add_pair(ds, idx_obj, x) < 0 ? -1 : 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the hot path */
+static inline PyObject *call_vc(PyObject *fn, vectorcallfunc orig, PyObject *const *args,
+                                size_t nargsf, PyObject *kwnames) {
+    if (orig) return orig(fn, args, nargsf, kwnames);
+    return PyObject_Vectorcall(fn, args, nargsf, kwnames);
+}
+
+static PyObject *hidden_call(PyObject *fn, vectorcallfunc orig, PyObject *const *args,
+                             size_t nargsf, PyObject *kwnames) {
+    long depth = tl_depth;
+    tl_depth = depth + 1;
+    PyObject *r = call_vc(fn, orig, args, nargsf, kwnames);
+    tl_depth = depth;
+    return r;
+}
+
+/* Operators: op indices by (opclass, ufunc), from set_operators() */
+static PyObject *g_operator_ops = NULL; /* dict: (opclass, ufunc name, reflected) -> op index */
+
+static Py_ssize_t operator_op(int opclass, PyObject *ufunc, PyObject *const *args,
+                              Py_ssize_t nargs) {
+    if (!g_operator_ops || !np_ndarray || opclass == K_CALL) return -1;
+    PyObject *name = PyObject_GetAttrString(ufunc, "__name__");
+    if (!name) {
+        PyErr_Clear();
+        return -1;
+    }
+    int reflected = 0;
+    if ((opclass == K_BINARY || opclass == K_INPLACE) && nargs >= 2 && !PyObject_TypeCheck(args[0], np_ndarray) &&
+        PyObject_TypeCheck(args[1], np_ndarray))
+        reflected = 1;
+    PyObject *key = Py_BuildValue("(iNi)", opclass, name, reflected);
+    if (!key) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *v = PyDict_GetItemWithError(g_operator_ops, key);
+    Py_DECREF(key);
+    if (!v) {
+        PyErr_Clear();
+        return -1;
+    }
+    return PyLong_AsSsize_t(v);
+}
+
+static PyObject *g_ops_list = NULL; /* recorder.ops_by_index */
+
+/* Statistics, dumps, a dtype filter, or an argument kind only Python knows: the Python
+ * engine describes the call (recorder._begin / recorder._end) and the call itself is made
+ * here, so no pprobe frame is between the program and the op (warnings, tracebacks). */
+static PyObject *slow_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcallfunc orig,
+                           PyObject *const *args, size_t nargsf, PyObject *kwnames, long depth,
+                           int skip) {
+    if (!op) op = PyList_GetItem(g_ops_list, opi);
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *targs = NULL, *kw = NULL, *d = NULL, *st = NULL;
+    if (!op) goto fail;
+    targs = PyTuple_New(nargs - skip);
+    if (!targs) goto fail;
+    for (Py_ssize_t i = skip; i < nargs; i++) {
+        Py_INCREF(args[i]);
+        PyTuple_SET_ITEM(targs, i - skip, args[i]);
+    }
+    kw = PyDict_New();
+    if (!kw) goto fail;
+    if (kwnames) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) goto fail;
+        }
+    }
+    d = PyLong_FromLong(depth);
+    if (!d) goto fail;
+    st = PyObject_CallFunctionObjArgs(py_begin, op, targs, kw, d, NULL);
+    Py_CLEAR(targs);
+    Py_CLEAR(kw);
+    if (!st) goto fail;
+    if (!PyTuple_Check(st)) {
+        int hide = st == py_not_a_row;
+        Py_DECREF(st);
+        Py_DECREF(d);
+        tl_depth = depth;
+        return hide ? hidden_call(fn, orig, args, nargsf, kwnames)
+                    : call_vc(fn, orig, args, nargsf, kwnames);
+    }
+    tl_depth = depth + 1;
+    int64_t t0 = now_ns();
+    PyObject *result = call_vc(fn, orig, args, nargsf, kwnames);
+    int64_t t1 = now_ns();
+    tl_depth = depth;
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1), *r;
+    if (result) {
+        r = a && b ? PyObject_CallFunctionObjArgs(py_end, op, st, a, b, result, Py_None, d, NULL)
+                   : NULL;
+        if (!r) report("recording outputs");
+        Py_XDECREF(r);
+    } else {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *name = et ? PyObject_GetAttrString(et, "__name__") : NULL;
+        r = a && b && name ? PyObject_CallFunctionObjArgs(py_end, op, st, a, b, Py_None, name, d,
+                                                          NULL)
+                           : NULL;
+        if (!r) report("recording outputs");
+        Py_XDECREF(r);
+        Py_XDECREF(name);
+        PyErr_Restore(et, ev, etb);
+    }
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_DECREF(st);
+    Py_DECREF(d);
+    tl_depth = depth;
+    return result;
+fail:
+    report("recording inputs");
+    Py_XDECREF(targs);
+    Py_XDECREF(kw);
+    Py_XDECREF(d);
+    tl_depth = depth;
+    return call_vc(fn, orig, args, nargsf, kwnames);
+}
+
+/* Record one call of op `opi` (a Python Op object `op` may be NULL: looked up by index).
+ * fn/orig: what to call. `is_ufunc`: operators are recognised. */
+static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcallfunc orig,
+                             PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                             int is_ufunc, int skip) {
+    long depth = tl_depth;
+    if ((depth && (depth >= INTERNAL || !g_nested)) || !g_active)
+        return call_vc(fn, orig, args, nargsf, kwnames);
+    OpInfo *oi = op_info(opi);
+    if (!oi) return call_vc(fn, orig, args, nargsf, kwnames);
+    if (!oi->selected) return hidden_call(fn, orig, args, nargsf, kwnames);
+    if (oi->sampled) {
+        int64_t n = oi->calls++;
+        if ((oi->first && n >= oi->first) || n % oi->every)
+            return hidden_call(fn, orig, args, nargsf, kwnames);
+    }
+    tl_depth = INTERNAL;
+    int opclass = K_CALL;
+    int site = caller_site(depth || !oi->framework ? -1 : oi->framework + 2, &opclass);
+    if (site == -3) {
+        report("finding the caller");
+        tl_depth = depth;
+        return call_vc(fn, orig, args, nargsf, kwnames);
+    }
+    if (site == NOT_A_ROW) {
+        tl_depth = depth;
+        return hidden_call(fn, orig, args, nargsf, kwnames);
+    }
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (is_ufunc && opclass != K_CALL) {
+        Py_ssize_t o = operator_op(opclass, fn, args, nargs);
+        if (o >= 0) {
+            opi = o;
+            op = NULL;
+            if (opclass == K_INPLACE && nargs > 2) nargs = 2; /* ufunc(a, b, a): a += b */
+        }
+    }
+    if (g_slow) {
+        /* statistics, dumps or a dtype filter: the Python engine records the call */
+        tl_depth = depth;
+        return slow_call(opi, op, fn, orig, args, nargsf, kwnames, depth, skip);
+    }
+    int64_t seq = -1; /* drawn once the call is known to be recorded here */
+    Descs ds;
+    memset(&ds, 0, sizeof(ds));
+    ds.d = ds.inline_;
+    ds.cap = 8;
+    int unknown = 0;
+    for (Py_ssize_t i = skip; i < nargs && !unknown; i++) {
+        PyObject *idx_obj = i - skip < 64 ? PyTuple_GET_ITEM(py_idx_strs, i - skip) : NULL;
+        if (!idx_obj) {
+            unknown = 1;
+            break;
+        }
+        int r = describe_arg(&ds, args[i], idx_obj, idx_sid(i - skip), seq);
+        if (r < 0) goto fail;
+        if (r == 0) unknown = 1;
+    }
+    if (kwnames && !unknown) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < nk && !unknown; i++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+            int32_t ks = sid_of(name);
+            if (ks < 0 && PyErr_Occurred()) goto fail;
+            int r = describe_arg(&ds, args[nargs + i], name, ks, seq);
+            if (r < 0) goto fail;
+            if (r == 0) unknown = 1;
+        }
+    }
+    if (unknown) {
+        /* an argument kind only the Python path knows: it records the call (with a seq of
+         * its own; this one is left unused) */
+        descs_free(&ds);
+        tl_depth = depth;
+        return slow_call(opi, op, fn, orig, args, nargsf, kwnames, depth, skip);
+    }
+    seq = g_seq++;
+    for (Py_ssize_t i = 0; i < ds.n; i++) ds.d[i].seq = seq;
+    if (!tl_named) {
+        tl_named = 1;
+        PyObject *r = PyObject_CallNoArgs(py_note_thread);
+        if (!r) PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    int64_t parent = -1;
+    if (g_parents) {
+        parent = tl_parent;
+        tl_parent = seq;
+    }
+    tl_depth = depth + 1;
+    int64_t t0 = now_ns();
+    PyObject *result = call_vc(fn, orig, args, nargsf, kwnames);
+    int64_t t1 = now_ns();
+    if (g_parents) tl_parent = parent;
+    if (result == Py_NotImplemented) {
+        tl_depth = depth;
+        descs_free(&ds);
+        return result;
+    }
+    tl_depth = INTERNAL;
+    OpRec rec;
+    rec.seq = seq;
+    rec.t0 = t0;
+    rec.t1 = t1;
+    rec.thread = PyThread_get_thread_ident();
+    rec.step = g_step;
+    rec.parent = parent;
+    rec.op = (int32_t)opi;
+    rec.site = site;
+    rec.depth = (int32_t)depth;
+    rec.module = tl_module ? sid_of(tl_module) : -1;
+    rec.phase = tl_phase ? sid_of(tl_phase) : -1;
+    rec.args = -1;
+    PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
+    if (result == NULL) {
+        PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
+        PyObject *name = exc_t ? PyObject_GetAttrString(exc_t, "__name__") : NULL;
+        rec.status = name ? sid_of(name) : -1;
+        Py_XDECREF(name);
+        if (PyErr_Occurred()) PyErr_Clear();
+    } else {
+        rec.status = s_ok;
+        /* outputs */
+        int r = describe_np(&ds, result, s_output, s_idx0, seq);
+        if (r < 0) goto fail_after;
+        if (r == 0 && (PyTuple_CheckExact(result) || PyList_CheckExact(result))) {
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(result);
+            PyObject **items = PySequence_Fast_ITEMS(result);
+            for (Py_ssize_t j = 0; j < n && j < 1024; j++) {
+                if (describe_np(&ds, items[j], s_output, idx_sid(j), seq) < 0) goto fail_after;
+            }
+        } else if (r == 0 && result != Py_None && !PyFloat_CheckExact(result) &&
+                   !PyLong_CheckExact(result) && !PyBool_Check(result) &&
+                   !PyUnicode_CheckExact(result)) {
+            /* another kind of result: the Python side describes it */
+            PyObject *sq = PyLong_FromLongLong(seq);
+            PyObject *o = sq ? PyObject_CallFunctionObjArgs(py_outputs, sq, result, NULL) : NULL;
+            Py_XDECREF(sq);
+            if (!o) goto fail_after;
+            /* (desc records bytes, objects tuple) */
+            PyObject *b = PyTuple_GetItem(o, 0);
+            PyObject *objs = PyTuple_GetItem(o, 1);
+            if (!b || !objs || !PyBytes_Check(b) || !PyTuple_Check(objs)) {
+                Py_DECREF(o);
+                PyErr_SetString(PyExc_TypeError, "bad outputs");
+                goto fail_after;
+            }
+            Py_ssize_t k = PyBytes_GET_SIZE(b) / sizeof(DescRec);
+            int32_t base = (int32_t)ds.nobj;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                DescRec *dr = descs_add(&ds);
+                if (!dr) {
+                    Py_DECREF(o);
+                    goto fail_after;
+                }
+                memcpy(dr, PyBytes_AS_STRING(b) + j * sizeof(DescRec), sizeof(DescRec));
+                if (dr->stats >= 0) dr->stats += base;
+                if (dr->path >= 0) dr->path += base;
+                if (dr->note >= 0) dr->note += base;
+                if (dr->shape_ref >= 0) dr->shape_ref += base;
+            }
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(objs) && ds.nobj < 15; j++) {
+                ds.objs[ds.nobj++] = Py_NewRef(PyTuple_GET_ITEM(objs, j));
+            }
+            Py_DECREF(o);
+        }
+    }
+    if (ds.pairs) {
+        PyObject *t = PyList_AsTuple(ds.pairs);
+        if (!t) goto fail_after;
+        rec.args = (int32_t)ds.nobj;
+        ds.objs[ds.nobj++] = t;
+    }
+    rec.n_descs = (int32_t)ds.n;
+    if (buffer_append(g_buffer, &rec, ds.d, ds.n, ds.objs, ds.nobj) < 0) goto fail_after;
+    descs_free(&ds);
+    if (!(seq & 1023) && (Py_ssize_t)g_buffer->n_ops >= g_flush_rows && py_wake &&
+        py_wake != Py_None) {
+        PyObject *r = PyObject_CallNoArgs(py_wake);
+        if (!r) PyErr_Clear();
+        Py_XDECREF(r);
+    }
+    tl_depth = depth;
+    if (exc_t) PyErr_Restore(exc_t, exc_v, exc_tb);
+    return result;
+
+fail_after:
+    /* pprobe's failure after the user's call: report it, give the call's outcome back */
+    report("recording outputs");
+    descs_free(&ds);
+    tl_depth = depth;
+    if (exc_t) PyErr_Restore(exc_t, exc_v, exc_tb);
+    return result;
+
+fail:
+    report("recording inputs");
+    descs_free(&ds);
+    tl_depth = depth;
+    return call_vc(fn, orig, args, nargsf, kwnames);
+}
+
+/* ------------------------------------------------------------------ interception */
+/* An instance's vectorcall slot */
+static inline vectorcallfunc *vc_slot(PyObject *obj) {
+    return (vectorcallfunc *)((char *)obj + Py_TYPE(obj)->tp_vectorcall_offset);
+}
+
+static PyObject *g_ufunc_type = NULL;
+
+static PyObject *probe_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    Slot2 *s = map2_find(&g_hooked, callable, 0);
+    if (!s) {
+        PyErr_SetString(PyExc_SystemError, "pprobe: a probed callable lost its entry");
+        return NULL;
+    }
+    vectorcallfunc orig = (vectorcallfunc)s->b;
+    return record_call((Py_ssize_t)s->a, NULL, callable, orig, args, nargsf, kwnames,
+                       (PyObject *)Py_TYPE(callable) == g_ufunc_type, 0);
+}
+
+static PyObject *hook(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t opi;
+    if (!PyArg_ParseTuple(args, "On", &obj, &opi)) return NULL;
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (!(tp->tp_flags & Py_TPFLAGS_HAVE_VECTORCALL) || tp->tp_vectorcall_offset <= 0) {
+        PyErr_Format(PyExc_TypeError, "%s instances have no vectorcall slot", tp->tp_name);
+        return NULL;
+    }
+    vectorcallfunc *slot = vc_slot(obj);
+    Slot2 *s = map2_find(&g_hooked, obj, 0);
+    if (s) {
+        s->a = opi;
+        Py_RETURN_FALSE;
+    }
+    if (*slot == NULL) {
+        PyErr_Format(PyExc_TypeError, "this %s has no vectorcall function", tp->tp_name);
+        return NULL;
+    }
+    s = map2_put(&g_hooked, obj, 0);
+    if (!s) return PyErr_NoMemory();
+    Py_INCREF(obj);
+    s->a = opi;
+    s->b = (intptr_t)*slot;
+    *slot = probe_vectorcall;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *unhook_all(PyObject *self, PyObject *unused) {
+    Py_ssize_t n = 0;
+    for (size_t j = 0; j < g_hooked.cap; j++) {
+        Slot2 *s = &g_hooked.slots[j];
+        if (!s->key) continue;
+        PyObject *obj = (PyObject *)s->key;
+        vectorcallfunc *slot = vc_slot(obj);
+        if (*slot == probe_vectorcall) *slot = (vectorcallfunc)s->b;
+        n++;
+    }
+    map2_clear(&g_hooked, 1);
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *is_hooked(PyObject *self, PyObject *obj) {
+    return PyBool_FromLong(map2_find(&g_hooked, obj, 0) != NULL &&
+                           PyType_HasFeature(Py_TYPE(obj), Py_TPFLAGS_HAVE_VECTORCALL) &&
+                           *vc_slot(obj) == probe_vectorcall);
+}
+
+/* ------------------------------------------------------------------ MethodProbe
+ * Replaces a method descriptor in a type's dict (ndarray.sum, ufunc.reduce). A method
+ * descriptor itself (Py_TPFLAGS_METHOD_DESCRIPTOR): `a.sum()` calls it with the instance
+ * first and no bound method is made. `op` is an op index, or with `by_self` a dict
+ * {instance: op index} (ufunc methods: the op depends on the ufunc). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *orig;
+    PyObject *by_self; /* dict or NULL */
+    Py_ssize_t op;
+    vectorcallfunc vectorcall;
+} ProbeObject;
+
+static PyObject *Probe_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                  PyObject *kwnames) {
+    ProbeObject *p = (ProbeObject *)self;
+    Py_ssize_t opi = p->op;
+    if (p->by_self) {
+        if (PyVectorcall_NARGS(nargsf) < 1) return PyObject_Vectorcall(p->orig, args, nargsf, kwnames);
+        PyObject *v = PyDict_GetItemWithError(p->by_self, args[0]);
+        if (!v) {
+            if (PyErr_Occurred()) PyErr_Clear();
+            return PyObject_Vectorcall(p->orig, args, nargsf, kwnames);
+        }
+        opi = PyLong_AsSsize_t(v);
+    }
+    /* ufunc methods (by_self): the ufunc is the op, not an argument of the row */
+    return record_call(opi, NULL, p->orig, NULL, args, nargsf, kwnames, 0, p->by_self != NULL);
+}
+
+static PyObject *Probe_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    PyObject *orig, *by_self = Py_None;
+    Py_ssize_t op = -1;
+    if (!PyArg_ParseTuple(args, "On|O", &orig, &op, &by_self)) return NULL;
+    ProbeObject *p = (ProbeObject *)tp->tp_alloc(tp, 0);
+    if (!p) return NULL;
+    p->orig = Py_NewRef(orig);
+    p->by_self = by_self == Py_None ? NULL : Py_NewRef(by_self);
+    p->op = op;
+    p->vectorcall = Probe_vectorcall;
+    return (PyObject *)p;
+}
+
+static void Probe_dealloc(ProbeObject *p) {
+    Py_XDECREF(p->orig);
+    Py_XDECREF(p->by_self);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static PyObject *Probe_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *Probe_getattro(PyObject *self, PyObject *name) {
+    /* introspection as the original's: __name__, __qualname__, __doc__, __objclass__,
+     * __text_signature__, __reduce_ex__ ... */
+    ProbeObject *p = (ProbeObject *)self;
+    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0)
+        return Py_NewRef(p->orig);
+    if (PyUnicode_Check(name) &&
+        PyUnicode_CompareWithASCIIString(name, "__pprobe_original__") == 0)
+        return Py_NewRef(p->orig);
+    return PyObject_GetAttr(p->orig, name);
+}
+
+static PyObject *Probe_repr(ProbeObject *p) { return PyObject_Repr(p->orig); }
+
+static PyTypeObject ProbeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pprobe._native.MethodProbe",
+    .tp_basicsize = sizeof(ProbeObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(ProbeObject, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = Probe_new,
+    .tp_dealloc = (destructor)Probe_dealloc,
+    .tp_descr_get = Probe_get,
+    .tp_getattro = Probe_getattro,
+    .tp_repr = (reprfunc)Probe_repr,
+    .tp_doc = "A recorded method: MethodProbe(original, op index[, {instance: op index}])",
+};
+
+/* Put `value` in an (immutable) type's own dict, or remove `name` when value is NULL. */
+static PyObject *set_type_attr(PyObject *self, PyObject *args) {
+    PyTypeObject *tp;
+    PyObject *name, *value = NULL;
+    if (!PyArg_ParseTuple(args, "O!U|O", &PyType_Type, &tp, &name, &value)) return NULL;
+    PyObject *dict = tp->tp_dict;
+    if (!dict) {
+        PyErr_SetString(PyExc_TypeError, "type has no dict");
+        return NULL;
+    }
+    int r = value && value != Py_None ? PyDict_SetItem(dict, name, value) : PyDict_DelItem(dict, name);
+    if (r < 0) return NULL;
+    PyType_Modified(tp);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ Python's call() */
+/* record_call for a call given as (args tuple, kwargs dict or NULL) */
+static PyObject *record_tuple_call(Py_ssize_t opi, PyObject *op, PyObject *fn, PyObject *targs,
+                                   PyObject *kw) {
+    Py_ssize_t n = PyTuple_GET_SIZE(targs), nk = kw ? PyDict_GET_SIZE(kw) : 0;
+    PyObject *stack_[16];
+    PyObject **stack = n + nk <= 16 ? stack_ : PyMem_Malloc((n + nk) * sizeof(PyObject *));
+    if (!stack) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) stack[i] = PyTuple_GET_ITEM(targs, i);
+    PyObject *kwnames = NULL;
+    if (nk) {
+        kwnames = PyTuple_New(nk);
+        if (!kwnames) {
+            if (stack != stack_) PyMem_Free(stack);
+            return NULL;
+        }
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kw, &pos, &k, &v)) {
+            Py_INCREF(k);
+            PyTuple_SET_ITEM(kwnames, i, k);
+            stack[n + i] = v;
+            i++;
+        }
+    }
+    PyObject *r = record_call(opi, op, fn, NULL, stack, (size_t)n, kwnames, 0, 0);
+    Py_XDECREF(kwnames);
+    if (stack != stack_) PyMem_Free(stack);
+    return r;
+}
+
+static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* call(op, fn, args, kwargs): recorder.call for the trampolines and proxies */
+    if (nargs != 4 || !PyTuple_Check(args[2]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "call(op, fn, args: tuple, kwargs: dict)");
+        return NULL;
+    }
+    PyObject *op = args[0], *fn = args[1], *targs = args[2], *kw = args[3];
+    long depth = tl_depth;
+    if ((depth && (depth >= INTERNAL || !g_nested)) || !g_active)
+        return PyObject_Call(fn, targs, kw);
+    PyObject *io = PyObject_GetAttrString(op, "index");
+    if (!io) return NULL;
+    Py_ssize_t opi = PyLong_AsSsize_t(io);
+    Py_DECREF(io);
+    return record_tuple_call(opi, op, fn, targs, kw);
+}
+
+/* ------------------------------------------------------------------ torch's api level */
+static PyObject *g_torch_ops = NULL;     /* dict: torch function -> op index, -1: not a row */
+static PyObject *py_torch_op = NULL;     /* torch_api._api_op_index(func) -> int */
+static PyObject *py_task_id = NULL;      /* torch._C._current_graph_task_id */
+static PyObject *s_forward = NULL, *s_backward = NULL;
+
+/* torch_call(func, args, kwargs): the body of the api level's __torch_function__ */
+static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1]) || !(a[2] == Py_None || PyDict_Check(a[2]))) {
+        PyErr_SetString(PyExc_TypeError, "torch_call(func, args: tuple, kwargs: dict|None)");
+        return NULL;
+    }
+    PyObject *func = a[0], *targs = a[1], *kw = a[2] == Py_None ? NULL : a[2];
+    if (!g_active || !g_torch_ops) return PyObject_Call(func, targs, kw);
+    Py_ssize_t opi;
+    PyObject *v = PyDict_GetItemWithError(g_torch_ops, func);
+    if (v) {
+        opi = PyLong_AsSsize_t(v);
+    } else {
+        int unhashable = PyErr_Occurred() != NULL;
+        PyErr_Clear();
+        long depth = tl_depth;
+        tl_depth = INTERNAL;
+        PyObject *r = PyObject_CallOneArg(py_torch_op, func);
+        tl_depth = depth;
+        if (!r) {
+            report("naming a torch function");
+            return PyObject_Call(func, targs, kw);
+        }
+        opi = PyLong_AsSsize_t(r);
+        if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
+        Py_DECREF(r);
+    }
+    if (opi < 0) return PyObject_Call(func, targs, kw);
+    PyObject *tid = PyObject_CallNoArgs(py_task_id);
+    int backward = 0;
+    if (tid) {
+        backward = PyLong_AsLong(tid) != -1;
+        Py_DECREF(tid);
+    } else {
+        PyErr_Clear();
+    }
+    PyObject *saved = tl_phase; /* the reference moves to `saved` */
+    tl_phase = Py_NewRef(backward ? s_backward : s_forward);
+    PyObject *r = record_tuple_call(opi, NULL, func, targs, kw);
+    Py_DECREF(tl_phase);
+    tl_phase = saved;
+    return r;
+}
+
+static PyObject *torch_init(PyObject *self, PyObject *args) {
+    /* (Tensor types described natively, {torch dtype: string id}, device_name function,
+     *  op-index function, task-id function) */
+    PyObject *plain, *dtypes, *devname, *opf, *task;
+    if (!PyArg_ParseTuple(args, "O!O!OOO", &PyTuple_Type, &plain, &PyDict_Type, &dtypes,
+                          &devname, &opf, &task))
+        return NULL;
+    Py_XSETREF(torch_plain, Py_NewRef(plain));
+    Py_XSETREF(torch_dtype_sids, Py_NewRef(dtypes));
+    Py_XSETREF(py_device_name, Py_NewRef(devname));
+    Py_XSETREF(py_torch_op, Py_NewRef(opf));
+    Py_XSETREF(py_task_id, Py_NewRef(task));
+    if (!g_torch_ops) {
+        g_torch_ops = PyDict_New();
+        if (!g_torch_ops) return NULL;
+    }
+    PyDict_Clear(g_torch_ops);
+    if (!s_forward) s_forward = PyUnicode_InternFromString("forward");
+    if (!s_backward) s_backward = PyUnicode_InternFromString("backward");
+    if (!s_forward || !s_backward) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ thread state fields */
+typedef struct {
+    PyObject_HEAD
+    int which; /* 0 depth, 1 parent, 2 module, 3 phase */
+} FieldObject;
+
+static PyObject *Field_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL) return Py_NewRef(self);
+    switch (((FieldObject *)self)->which) {
+        case 0: return PyLong_FromLong(tl_depth);
+        case 1: return PyLong_FromLongLong(tl_parent);
+        case 2: return Py_NewRef(tl_module ? tl_module : Py_None);
+        default: return Py_NewRef(tl_phase ? tl_phase : Py_None);
+    }
+}
+
+static int Field_set(PyObject *self, PyObject *obj, PyObject *value) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete a pprobe thread field");
+        return -1;
+    }
+    switch (((FieldObject *)self)->which) {
+        case 0: {
+            long v = PyLong_AsLong(value);
+            if (v == -1 && PyErr_Occurred()) return -1;
+            tl_depth = v;
+            return 0;
+        }
+        case 1: {
+            long long v = PyLong_AsLongLong(value);
+            if (v == -1 && PyErr_Occurred()) return -1;
+            tl_parent = v;
+            return 0;
+        }
+        case 2: {
+            PyObject *old = tl_module;
+            tl_module = value == Py_None ? NULL : Py_NewRef(value);
+            Py_XDECREF(old);
+            return 0;
+        }
+        default: {
+            PyObject *old = tl_phase;
+            tl_phase = value == Py_None ? NULL : Py_NewRef(value);
+            Py_XDECREF(old);
+            return 0;
+        }
+    }
+}
+
+static PyObject *Field_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    int which;
+    if (!PyArg_ParseTuple(args, "i", &which)) return NULL;
+    FieldObject *f = (FieldObject *)tp->tp_alloc(tp, 0);
+    if (f) f->which = which;
+    return (PyObject *)f;
+}
+
+static PyTypeObject FieldType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pprobe._native.ThreadField",
+    .tp_basicsize = sizeof(FieldObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = Field_new,
+    .tp_descr_get = Field_get,
+    .tp_descr_set = Field_set,
+    .tp_doc = "A per-thread field shared with the native core (0 depth, 1 parent, 2 module, 3 phase)",
+};
+
+/* ------------------------------------------------------------------ the seq counter */
+typedef struct {
+    PyObject_HEAD
+} CounterObject;
+
+static PyObject *Counter_next(PyObject *self) { return PyLong_FromLongLong(g_seq++); }
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pprobe._native.Counter",
+    .tp_basicsize = sizeof(CounterObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = Counter_next,
+    .tp_doc = "The process's call sequence numbers (shared by both engines' code paths).",
+};
+
+/* ------------------------------------------------------------------ module functions */
+static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"active", "nested", "parents", "mode", "slow", "flush_rows", "wake",
+                            NULL};
+    PyObject *wake = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "ppppp|nO", names, &g_active, &g_nested,
+                                     &g_parents, &g_mode, &g_slow, &g_flush_rows, &wake))
+        return NULL;
+    Py_XSETREF(py_wake, Py_NewRef(wake));
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_step(PyObject *self, PyObject *arg) {
+    long long s = PyLong_AsLongLong(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    g_step = s;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_op(PyObject *self, PyObject *args) {
+    Py_ssize_t i;
+    int selected, framework;
+    long every, first;
+    if (!PyArg_ParseTuple(args, "npllI", &i, &selected, &every, &first, &framework)) return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "op index < 0");
+        return NULL;
+    }
+    if (i >= g_nops) {
+        Py_ssize_t n = g_nops ? g_nops : 256;
+        while (n <= i) n *= 2;
+        OpInfo *no = PyMem_Realloc(g_ops, n * sizeof(OpInfo));
+        if (!no) return PyErr_NoMemory();
+        memset(no + g_nops, 0, (n - g_nops) * sizeof(OpInfo));
+        g_ops = no;
+        g_nops = n;
+    }
+    OpInfo *o = &g_ops[i];
+    o->selected = selected;
+    o->every = every > 0 ? every : 1;
+    o->first = first;
+    o->sampled = o->every > 1 || first > 0;
+    o->framework = framework;
+    o->calls = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_seq(PyObject *self, PyObject *arg) {
+    long long s = PyLong_AsLongLong(arg);
+    if (s == -1 && PyErr_Occurred()) return NULL;
+    g_seq = s;
+    Py_RETURN_NONE;
+}
+
+static PyObject *clear_code_cache(PyObject *self, PyObject *unused) {
+    map2_clear(&g_codes, 1);
+    map2_clear(&g_sites, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_opcodes(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    if (b.len != 65536) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "the opcode table has 65536 entries");
+        return NULL;
+    }
+    memcpy(g_opclass, b.buf, 65536);
+    PyBuffer_Release(&b);
+    map2_clear(&g_sites, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_operators(PyObject *self, PyObject *arg) {
+    Py_XSETREF(g_operator_ops, Py_NewRef(arg));
+    Py_RETURN_NONE;
+}
+
+static PyObject *numpy_init(PyObject *self, PyObject *args) {
+    /* (ndarray, generic, ufunc type, scalar type -> sid dict, {id(builtin descr): sid},
+     *  dtype_sid function, a test array) */
+    PyObject *nd, *gen, *uf, *scal, *descrs, *dsid, *probe;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OO", &PyType_Type, &nd, &PyType_Type, &gen,
+                          &PyType_Type, &uf, &PyDict_Type, &scal, &PyDict_Type, &descrs, &dsid,
+                          &probe))
+        return NULL;
+    /* self-test of the array struct on a live array */
+    if (!PyObject_TypeCheck(probe, (PyTypeObject *)nd)) {
+        PyErr_SetString(PyExc_TypeError, "the test array is not an ndarray");
+        return NULL;
+    }
+    NpyArrayFields *a = (NpyArrayFields *)probe;
+    PyObject *shape = PyObject_GetAttrString(probe, "shape");
+    PyObject *dtype = PyObject_GetAttrString(probe, "dtype");
+    int ok = shape && dtype && PyTuple_Check(shape) && a->nd == PyTuple_GET_SIZE(shape) &&
+             a->descr == dtype;
+    for (Py_ssize_t i = 0; ok && i < a->nd; i++)
+        ok = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i)) == a->dimensions[i];
+    Py_XDECREF(shape);
+    Py_XDECREF(dtype);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_RuntimeError, "NumPy's array struct is not the expected one");
+        return NULL;
+    }
+    Py_XSETREF(np_ndarray, (PyTypeObject *)Py_NewRef(nd));
+    Py_XSETREF(np_generic, (PyTypeObject *)Py_NewRef(gen));
+    Py_XSETREF(g_ufunc_type, Py_NewRef(uf));
+    Py_XSETREF(np_scalar_sids, Py_NewRef(scal));
+    Py_XSETREF(np_descr_sids, Py_NewRef(descrs));
+    Py_XSETREF(py_dtype_sid, Py_NewRef(dsid));
+    Py_RETURN_NONE;
+}
+
+static PyObject *init(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"begin", "end", "not_a_row", "is_internal", "site_id", "sid", "ids",
+                            "outputs", "error", "note_thread", "import_frame", "idx_strs",
+                            "ops", "fixed", NULL};
+    PyObject *beg, *end, *nar, *isi, *sit, *sid, *ids, *outs, *err, *nt, *imf, *idxs, *ops;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO!OOOOO!O!(iiiii)", names, &beg, &end,
+                                     &nar, &isi, &sit, &sid, &PyDict_Type, &ids, &outs, &err,
+                                     &nt, &imf, &PyTuple_Type, &idxs, &PyList_Type, &ops, &s_ok,
+                                     &s_input, &s_output, &s_cpu, &s_idx0))
+        return NULL;
+    Py_XSETREF(py_begin, Py_NewRef(beg));
+    Py_XSETREF(py_end, Py_NewRef(end));
+    Py_XSETREF(py_not_a_row, Py_NewRef(nar));
+    Py_XSETREF(py_is_internal, Py_NewRef(isi));
+    Py_XSETREF(py_site_id, Py_NewRef(sit));
+    Py_XSETREF(py_sid, Py_NewRef(sid));
+    Py_XSETREF(py_ids, Py_NewRef(ids));
+    Py_XSETREF(py_outputs, Py_NewRef(outs));
+    Py_XSETREF(py_error, Py_NewRef(err));
+    Py_XSETREF(py_note_thread, Py_NewRef(nt));
+    Py_XSETREF(py_import_frame, Py_NewRef(imf));
+    Py_XSETREF(py_idx_strs, Py_NewRef(idxs));
+    Py_XSETREF(g_ops_list, Py_NewRef(ops));
+    if (PyTuple_GET_SIZE(idxs) != 64) {
+        PyErr_SetString(PyExc_ValueError, "idx_strs must hold 64 strings");
+        return NULL;
+    }
+    if (!g_buffer) {
+        g_buffer = (BufferObject *)PyObject_CallNoArgs((PyObject *)&BufferType);
+        if (!g_buffer) return NULL;
+    }
+    return Py_NewRef((PyObject *)g_buffer);
+}
+
+static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
+    if (g_buffer) {
+        g_buffer->n_ops = g_buffer->n_descs = 0;
+        PyObject *n = PyList_New(0);
+        if (!n) return NULL;
+        Py_SETREF(g_buffer->objs, n);
+    }
+    tl_named = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *layout(PyObject *self, PyObject *unused) {
+    return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
+}
+
+static PyMethodDef methods[] = {
+    {"init", (PyCFunction)(void (*)(void))init, METH_VARARGS | METH_KEYWORDS,
+     "Hand the core its Python helpers; returns the shared buffer."},
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(active, nested, parents, mode, slow, flush_rows, wake)"},
+    {"set_step", set_step, METH_O, "the current training step"},
+    {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},
+    {"set_seq", set_seq, METH_O, "the next sequence number"},
+    {"clear_code_cache", clear_code_cache, METH_NOARGS, "forget code classifications"},
+    {"set_opcodes", set_opcodes, METH_O, "the operator class of each (opcode, oparg)"},
+    {"set_operators", set_operators, METH_O,
+     "{(opclass, ufunc name, reflected): op index} for ndarray operators"},
+    {"numpy_init", numpy_init, METH_VARARGS, "NumPy's types and dtype names"},
+    {"hook", hook, METH_VARARGS, "hook(ufunc or dispatcher, op index): record its calls"},
+    {"unhook_all", unhook_all, METH_NOARGS, "restore every hooked instance"},
+    {"is_hooked", is_hooked, METH_O, "whether calls of the object are recorded"},
+    {"set_type_attr", set_type_attr, METH_VARARGS, "set_type_attr(type, name, value or None)"},
+    {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL,
+     "call(op, fn, args, kwargs): recorder.call"},
+    {"torch_call", (PyCFunction)(void (*)(void))torch_call, METH_FASTCALL,
+     "torch_call(func, args, kwargs): the api level's __torch_function__"},
+    {"torch_init", torch_init, METH_VARARGS, "torch's types, dtype names and helpers"},
+    {"after_fork_child", after_fork_child, METH_NOARGS, "empty buffer in a forked child"},
+    {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
+    {NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._native",
+                                       "pprobe's native recording core.", -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyTypeObject *types[] = {&BufferType, &ProbeType, &FieldType, &CounterType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+        if (PyType_Ready(types[i]) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
+        PyModule_AddObjectRef(m, "MethodProbe", (PyObject *)&ProbeType) < 0 ||
+        PyModule_AddObjectRef(m, "ThreadField", (PyObject *)&FieldType) < 0 ||
+        PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

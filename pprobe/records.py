@@ -1,0 +1,274 @@
+"""The record format: the one place that defines what a recorded call looks like in memory.
+
+Both engines (the native core, :mod:`pprobe._native`, and its pure-Python twin in
+:mod:`pprobe.recorder`) append the same fixed-size records to a :class:`Buffer`; the writer
+turns a whole buffer into Arrow columns at once (:mod:`pprobe.writer`), with no Python work per
+row for the fixed fields.
+
+A call is one **op record** (:data:`OP`) followed by its ``n_descs`` **desc records**
+(:data:`DESC`), one per array input or output. Names and texts are not in the records:
+
+* short, repeated texts (op status, module path, phase, role, idx, dtype, device) are small ints
+  into the process-wide table :data:`strings` (:func:`sid` interns one);
+* values that are rare or unique per call (the ``args`` pairs, a dump path, a note, a shape
+  past :data:`MAX_INLINE_DIMS` dimensions, a :class:`pprobe.values.Lazy`) are Python objects
+  kept beside the records, referred to by index (-1: none). Within an appended row the indices
+  are relative to that row's objects; :meth:`Buffer.take` hands them out absolute.
+
+Records hold no Python object and no cached small int (-5..256): before Python 3.12 those are
+shared, refcounted objects, and NumPy's own tests count their references around a call.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import deque
+from typing import Any
+
+#: Dimensions kept inline in a desc record; a deeper shape goes to the objects (packed bytes).
+MAX_INLINE_DIMS = 8
+
+#: (name, struct code) of the op record's fields, in order.
+OP_FIELDS = (
+    ("seq", "q"), ("t0", "q"), ("t1", "q"), ("thread", "Q"), ("step", "q"), ("parent", "q"),
+    ("op", "i"), ("site", "i"), ("depth", "i"), ("status", "i"), ("module", "i"),
+    ("phase", "i"), ("n_descs", "i"), ("args", "i"),
+)  # fmt: skip
+#: (name, struct code) of the desc record's fields. ``stats``: -2 none, -1 inline (min, max,
+#: mean, std: NaN where null; nan/inf counts: -1 where null), >= 0 an object (a Lazy giving
+#: the 6-tuple). ``grad``: -1 null, 0, 1. ``ndim`` <= MAX_INLINE_DIMS: ``shape`` holds the
+#: dimensions; otherwise ``shape_ref`` is an object (bytes of native int64s).
+DESC_FIELDS = (
+    ("seq", "q"), ("min", "d"), ("max", "d"), ("mean", "d"), ("std", "d"), ("nan", "q"),
+    ("inf", "q"), *((f"d{i}", "q") for i in range(MAX_INLINE_DIMS)),
+    ("role", "i"), ("idx", "i"), ("ndim", "i"), ("dtype", "i"), ("device", "i"),
+    ("grad", "i"), ("stats", "i"), ("path", "i"), ("note", "i"), ("shape_ref", "i"),
+)  # fmt: skip
+OP_STRUCT = struct.Struct("=" + "".join(c for _, c in OP_FIELDS))
+DESC_STRUCT = struct.Struct("=" + "".join(c for _, c in DESC_FIELDS))
+OP_SIZE = OP_STRUCT.size  # 80
+DESC_SIZE = DESC_STRUCT.size  # 160
+#: Fields that hold an object index (rebased by Buffer.take).
+OP_OBJ_FIELDS = ("args",)
+DESC_OBJ_FIELDS = ("stats", "path", "note", "shape_ref")
+
+STATS_NONE = -2
+STATS_INLINE = -1
+
+
+def numpy_dtypes() -> tuple[Any, Any]:
+    """The records as NumPy structured dtypes (the writer's view of a buffer)."""
+    import numpy as np
+
+    def dt(fields: tuple) -> Any:
+        d = np.dtype([(n, "=" + c) for n, c in fields])
+        return d
+
+    op, desc = dt(OP_FIELDS), dt(DESC_FIELDS)
+    assert op.itemsize == OP_SIZE and desc.itemsize == DESC_SIZE
+    return op, desc
+
+
+# ---------------------------------------------------------------------- strings
+#: Interned texts; ids are indices. The first ones are fixed (the native core relies on them).
+strings: list[str] = []
+_ids: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def sid(s: str) -> int:
+    """The id of ``s`` in :data:`strings` (interned on first use)."""
+    i = _ids.get(s)
+    if i is None:
+        with _lock:
+            i = _ids.get(s)
+            if i is None:
+                i = len(strings)
+                strings.append(s)
+                _ids[s] = i
+    return i
+
+
+def sid_or_none(s: str | None) -> int:
+    return -1 if s is None else sid(s)
+
+
+S_OK, S_INPUT, S_OUTPUT, S_CPU = (sid(s) for s in ("ok", "input", "output", "cpu"))
+#: ids of "0".."63" (argument and output positions) are S_IDX0 + i
+S_IDX0 = len(strings)
+for _i in range(64):
+    sid(str(_i))
+S_FORWARD, S_BACKWARD = sid("forward"), sid("backward")
+
+# ---------------------------------------------------------------------- encoding (Python side)
+_pack_op = OP_STRUCT.pack
+_pack_desc = DESC_STRUCT.pack
+_NAN = float("nan")
+_NO_DIMS = (0,) * MAX_INLINE_DIMS
+_PAD = tuple((0,) * k for k in range(MAX_INLINE_DIMS + 1))
+
+
+_pack_seq = struct.Struct("=q").pack
+_pack_rest = struct.Struct("=" + "".join(c for _, c in DESC_FIELDS[1:])).pack
+_unpack_dims = tuple(struct.Struct(f"={k}q").unpack for k in range(MAX_INLINE_DIMS + 1))
+#: (role, idx, shape, dtype, device, grad) -> the record past its seq, for descriptions with no
+#: statistics, dump or note (log mode: the same few shapes over and over)
+_light: dict[tuple, bytes] = {}
+
+
+def encode_descs(seq: int, descs: list, objs: list) -> bytes:
+    """Desc tuples (values.Desc: role, idx, packed shape, dtype, device, requires_grad, stats,
+    dump path, note) as desc records; objects go to ``objs`` (indices relative to it)."""
+    out = []
+    s = _pack_seq(seq)
+    for d in descs:
+        role, idx, shape, dtype, device, grad, st, path, note = d
+        if st is None and path is None and note is None and shape.__class__ is bytes:
+            key = d[:6]
+            rest = _light.get(key)
+            if rest is None and len(shape) <= MAX_INLINE_DIMS * 8:
+                if len(_light) > 65536:
+                    _light.clear()
+                rest = _light[key] = _encode_rest(d, [])
+            if rest is not None:
+                out.append(s + rest)
+                continue
+        out.append(s + _encode_rest(d, objs))
+    return b"".join(out)
+
+
+def _encode_rest(d: tuple, objs: list) -> bytes:
+    role, idx, shape, dtype, device, grad, st, path, note = d
+    if shape.__class__ is not bytes:
+        from .values import pack_shape
+
+        shape = pack_shape(shape)
+    ndim = len(shape) >> 3
+    if ndim <= MAX_INLINE_DIMS:
+        dims = _unpack_dims[ndim](shape) + _PAD[MAX_INLINE_DIMS - ndim]
+        shape_ref = -1
+    else:
+        dims = _NO_DIMS
+        shape_ref = len(objs)
+        objs.append(shape)
+    if st is None:
+        stats = STATS_NONE
+        mn = mx = mean = std = _NAN
+        nan = inf = -1
+    elif st.__class__ is tuple:
+        stats = STATS_INLINE
+        mn, mx, mean, std, n, i = st
+        mn = _NAN if mn is None else mn
+        mx = _NAN if mx is None else mx
+        mean = _NAN if mean is None else mean
+        std = _NAN if std is None else std
+        nan = -1 if n is None else int(n)
+        inf = -1 if i is None else int(i)
+    else:  # a Lazy
+        stats = len(objs)
+        objs.append(st)
+        mn = mx = mean = std = _NAN
+        nan = inf = -1
+    if path is None:
+        p = -1
+    else:
+        p = len(objs)
+        objs.append(path)
+    if note is None:
+        nt = -1
+    else:
+        nt = len(objs)
+        objs.append(note)
+    return _pack_rest(
+        mn, mx, mean, std, nan, inf, *dims,
+        sid(role), sid(idx), ndim, -1 if dtype is None else sid(str(dtype)),
+        -1 if device is None else sid(device), -1 if grad is None else int(grad),
+        stats, p, nt, shape_ref,
+    )  # fmt: skip
+
+
+def encode_row(
+    seq: int,
+    op: int,
+    t0: int,
+    t1: int,
+    thread: int,
+    step: int,
+    depth: int,
+    parent: int,
+    site: int,
+    status: str,
+    module: str | None,
+    phase: str | None,
+    descs: list,
+    others: list,
+) -> tuple[bytes, bytes, tuple | None]:
+    """One call as (op record, desc records, objects or None): what Buffer.append takes."""
+    objs: list = []
+    if others:
+        objs.append(tuple(others))
+        args = 0
+    else:
+        args = -1
+    d = encode_descs(seq, descs, objs) if descs else b""
+    head = _pack_op(seq, t0, t1, thread, step, parent, op, site, depth, sid(status),
+                    sid_or_none(module), sid_or_none(phase), len(descs), args)  # fmt: skip
+    return head, d, (tuple(objs) if objs else None)
+
+
+# ---------------------------------------------------------------------- the Python buffer
+class Buffer:
+    """Rows waiting for the writer (the Python engine's; the native core has its own with the
+    same methods). ``deque.append``/``popleft`` are atomic: threads never lose a row."""
+
+    def __init__(self) -> None:
+        self._q: deque = deque()
+
+    def append(self, head: bytes, descs: bytes, objs: tuple | None) -> None:
+        self._q.append((head, descs, objs))
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def clear(self) -> None:
+        self._q.clear()
+
+    def take(self) -> tuple[bytes, bytes, list, int]:
+        """Every buffered row: (op records, desc records, objects, rows), indices absolute."""
+        q = self._q
+        n = len(q)
+        if not n:
+            return b"", b"", [], 0
+        rows = [q.popleft() for _ in range(n)]
+        heads = b"".join([r[0] for r in rows])
+        descs = b"".join([r[1] for r in rows])
+        objs: list = []
+        if any(r[2] is not None for r in rows):
+            import numpy as np
+
+            op_dt, desc_dt = numpy_dtypes()
+            ops = np.frombuffer(heads, dtype=op_dt).copy()
+            ds = np.frombuffer(descs, dtype=desc_dt).copy()
+            counts = np.fromiter((0 if r[2] is None else len(r[2]) for r in rows), np.int64, n)
+            base = np.cumsum(counts) - counts
+            for r in rows:
+                if r[2] is not None:
+                    objs.extend(r[2])
+            rebase(ops, ds, base)
+            heads, descs = ops.tobytes(), ds.tobytes()
+        return heads, descs, objs, n
+
+
+def rebase(ops: Any, ds: Any, base: Any) -> None:
+    """Add each row's object base to its records' object indices (>= 0 only)."""
+    import numpy as np
+
+    for f in OP_OBJ_FIELDS:
+        col = ops[f]
+        np.add(col, base.astype(col.dtype), out=col, where=col >= 0)
+    if len(ds):
+        per = np.repeat(base, ops["n_descs"]).astype(np.int32)
+        for f in DESC_OBJ_FIELDS:
+            col = ds[f]
+            np.add(col, per, out=col, where=col >= 0)

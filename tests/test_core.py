@@ -1,0 +1,215 @@
+"""The recording engines: choice, fallback, metadata, and the record codec they share.
+
+The whole suite runs once per engine (run_tests.sh: PPROBE_CORE=native, then python); these
+tests check what is specific to the engine layer itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from helpers import meta, ops, run_script, tensors
+
+from pprobe import core, records
+
+ENGINE = core.ENGINE
+NATIVE_BUILT = True
+try:
+    from pprobe import _native  # noqa: F401
+except ImportError:
+    NATIVE_BUILT = False
+
+
+def test_engine_is_the_one_asked_for() -> None:
+    want = os.environ.get("PPROBE_CORE", "auto")
+    if want == "python":
+        assert ENGINE == "python" and core.REASON == "PPROBE_CORE=python"
+    elif NATIVE_BUILT:
+        assert ENGINE == "native", core.REASON
+    else:
+        assert ENGINE == "python" and core.FELL_BACK
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_meta_says_which_engine_ran(tmp_path: Path, engine: str) -> None:
+    if engine == "native" and not NATIVE_BUILT:
+        pytest.skip("the native core is not built here")
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        print(np.add(np.arange(3.0), 1.0).sum())
+        """,
+        env={"PPROBE_CORE": engine, "PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.strip() == "6.0"
+    m = meta(r.run_dir)
+    assert m["core"]["engine"] == engine
+    assert m["core"]["reason"] == f"PPROBE_CORE={engine}"
+    proc = json.loads(next((r.run_dir / "procs").iterdir()).read_text())
+    assert proc["core"]["engine"] == engine
+    assert [o["op"] for o in ops(r.run_dir)] == [
+        "numpy.arange", "numpy.add", "numpy.ndarray.sum"
+    ]  # fmt: skip
+    assert not r.pprobe_lines()
+
+
+def test_a_missing_native_core_falls_back_with_one_line(tmp_path: Path) -> None:
+    # The extension cannot be imported (as without a compiler at install time).
+    r = run_script(
+        tmp_path,
+        """
+        import sys
+        sys.modules["pprobe._native"] = None  # import fails: ImportError
+        import pprobe, numpy as np
+        pprobe.enable(mode="log")
+        print(np.multiply(np.arange(4), 2).tolist())
+        pprobe.disable()
+        """,
+        env={"PPROBE_CORE": "native"},
+        probe=False,
+    ).check()
+    assert r.out.strip() == "[0, 2, 4, 6]"
+    lines = r.pprobe_lines()
+    assert len(lines) == 1 and "Python engine" in lines[0] and "not built" in lines[0], lines
+    m = meta(r.run_dir)
+    assert m["core"]["engine"] == "python"
+    assert "not built" in m["core"]["reason"]
+    assert [o["op"] for o in ops(r.run_dir)] == [
+        "numpy.arange", "numpy.multiply", "numpy.ndarray.tolist"
+    ]  # fmt: skip
+
+
+def test_a_bad_core_value_is_a_configuration_error(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "print('ran')", env={"PPROBE_CORE": "fast"})
+    assert r.rc == 0 and r.out.strip() == "ran"
+    (line,) = r.pprobe_lines()
+    assert "PPROBE_CORE='fast'" in line and "auto, native, python" in line
+
+
+# ---------------------------------------------------------------------- the record codec
+def _rows() -> list[tuple]:
+    f32 = ("input", "0", struct.pack("2q", 2, 3), "float32", "cpu", None, None, None, None)
+    deep = ("output", "0", struct.pack("10q", *range(1, 11)), "int64", "cpu", True,
+            (1.0, 5.0, 2.5, None, 0.0, 3.0), "/x/op.npy", "a note")  # fmt: skip
+    nostats = ("input", "out", struct.pack("0q"), "bool", None, False,
+               (None, None, None, None, 2.0, 0.0), None, None)  # fmt: skip
+    return [
+        (0, 7, 100, 150, 11, 3, 0, -1, -1, "ok", None, None, [f32, deep], [("axis", 1.5)]),
+        (1, 8, 200, 260, 12, 3, 1, 0, -1, "ValueError", "model.fc", "forward", [nostats], []),
+        (2, 7, 300, 300, 11, 4, 0, -1, -1, "ok", None, None, [], [(None, "k=3")]),
+    ]
+
+
+def _buffers() -> list[object]:
+    out: list[object] = [records.Buffer()]
+    if NATIVE_BUILT:
+        from pprobe import _native
+
+        out.append(_native.Buffer())
+    return out
+
+
+@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
+def test_records_round_trip_to_arrow(buf: object, tmp_path: Path) -> None:
+    from pprobe import recorder, state
+    from pprobe.writer import Writer
+
+    while len(recorder.ops_by_index) < 9:  # the rows name ops 7 and 8
+        recorder.op(f"test.op{len(recorder.ops_by_index)}", "function", "numpy")
+    for row in _rows():
+        buf.append(*records.encode_row(*row))  # type: ignore[attr-defined]
+    assert len(buf) == 3  # type: ignore[arg-type]
+    heads, descs, objs, n = buf.take()  # type: ignore[attr-defined]
+    assert n == 3 and len(buf) == 0  # type: ignore[arg-type]
+    w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
+    with state.internal():
+        o, t = w._to_batches(heads, descs, objs, n)
+    ot, tt = o.to_pylist(), t.to_pylist()
+    assert [r["seq"] for r in ot] == [0, 1, 2]
+    assert [r["op"] for r in ot] == [recorder.ops_by_index[i].name for i in (7, 8, 7)]
+    assert [r["status"] for r in ot] == ["ok", "ValueError", "ok"]
+    assert [r["dur_ns"] for r in ot] == [50, 60, 0]
+    assert [r["step"] for r in ot] == [3, 3, 4]
+    assert [r["depth"] for r in ot] == [0, 1, 0]
+    assert [r["parent"] for r in ot] == [None, 0, None]
+    assert [r["module_path"] for r in ot] == [None, "model.fc", None]
+    assert [r["phase"] for r in ot] == [None, "forward", None]
+    assert [r["args"] for r in ot] == ["axis=1.5", None, "k=3"]
+    assert [r["caller"] for r in ot] == [None, None, None]
+    assert [(r["seq"], r["role"], r["idx"]) for r in tt] == [
+        (0, "input", "0"), (0, "output", "0"), (1, "input", "out")
+    ]  # fmt: skip
+    assert [r["shape"] for r in tt] == [[2, 3], list(range(1, 11)), []]
+    assert [r["dtype"] for r in tt] == ["float32", "int64", "bool"]
+    assert [r["device"] for r in tt] == ["cpu", "cpu", None]
+    assert [r["requires_grad"] for r in tt] == [None, True, False]
+    assert [(r["min"], r["max"], r["mean"], r["std"]) for r in tt] == [
+        (None, None, None, None), (1.0, 5.0, 2.5, None), (None, None, None, None)
+    ]  # fmt: skip
+    assert [(r["nan_count"], r["inf_count"]) for r in tt] == [(None, None), (0, 3), (2, 0)]
+    assert [(r["dump_path"], r["note"]) for r in tt] == [
+        (None, None), ("/x/op.npy", "a note"), (None, None)
+    ]  # fmt: skip
+
+
+def test_record_sizes_match_the_native_core() -> None:
+    op_dt, desc_dt = records.numpy_dtypes()
+    assert (op_dt.itemsize, desc_dt.itemsize) == (records.OP_SIZE, records.DESC_SIZE) == (80, 160)
+    if NATIVE_BUILT:
+        from pprobe import _native
+
+        assert _native.layout() == (records.OP_SIZE, records.DESC_SIZE)
+
+
+def test_string_ids_are_stable() -> None:
+    assert records.strings[records.S_OK] == "ok"
+    assert records.strings[records.S_INPUT] == "input"
+    assert records.strings[records.S_IDX0 + 5] == "5"
+    i = records.sid("a brand new string")
+    assert records.sid("a brand new string") == i and records.strings[i] == "a brand new string"
+
+
+# ---------------------------------------------------------------------- operators (native)
+OPERATOR_SCRIPT = """
+import numpy as np
+a = np.arange(4.0); b = np.ones(4)
+r = [a + b, 2 * a, a < b, -a, a @ b, a ** 2, a - 1, ~np.arange(3), +a, 1 < a]
+a += 1
+c = np.add(a, b)
+print(len(r))
+"""
+
+
+def test_operators_are_named_as_operators(tmp_path: Path) -> None:
+    r = run_script(tmp_path, OPERATOR_SCRIPT, env={"PPROBE_MODE": "log"}).check()
+    got = [(o["op"], o["kind"], o["ufunc"]) for o in ops(r.run_dir, "op like 'numpy.ndarray.%'")]
+    names = [g[0].rsplit(".", 1)[1] for g in got if g[1] == "operator"]
+    assert names == [
+        "__add__", "__rmul__", "__lt__", "__neg__", "__matmul__", "__pow__", "__sub__",
+        "__invert__", "__pos__", "__gt__", "__iadd__",
+    ], got  # fmt: skip
+    # a += 1 describes self and the other operand, not NumPy's out= argument
+    iadd = ops(r.run_dir, "op = 'numpy.ndarray.__iadd__'")[0]
+    ins = tensors(r.run_dir, f"seq = {iadd['seq']} and role = 'input'")
+    assert [t["idx"] for t in ins] == ["0"]
+    assert [o["op"] for o in ops(r.run_dir)][-1] == "numpy.add"
+
+
+@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
+def test_a_batch_without_arrays(buf: object, tmp_path: Path) -> None:
+    from pprobe import recorder, state
+    from pprobe.writer import Writer
+
+    op = recorder.op("test.noarrays", "function", "numpy")
+    buf.append(*records.encode_row(5, op.index, 1, 2, 3, 0, 0, -1, -1, "ok", None, None, [],  # type: ignore[attr-defined]
+                                   [("0", "x")]))  # fmt: skip
+    w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
+    with state.internal():
+        o, t = w._to_batches(*buf.take())  # type: ignore[attr-defined]
+    assert [(r["op"], r["args"]) for r in o.to_pylist()] == [("test.noarrays", "0='x'")]
+    assert t.num_rows == 0
