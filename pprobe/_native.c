@@ -34,6 +34,9 @@
 #endif
 
 #define INTERNAL (1L << 20)
+/* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
+ * configure() or the record layout. */
+#define PPROBE_NATIVE_API 1
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -96,6 +99,10 @@ static PyObject *py_wake = NULL;         /* writer.wake or None */
 static PyObject *py_import_frame = NULL; /* recorder._IMPORT_FRAME */
 static PyObject *py_idx_strs = NULL;     /* tuple of "0".."63" */
 static int32_t s_ok, s_input, s_output, s_cpu, s_idx0;
+
+/* Attribute names, interned: a lookup with a name made from a C string each time misses the
+ * type attribute cache and walks the whole MRO (torch.Tensor's is large). */
+static PyObject *str_shape, *str_dtype, *str_is_cpu, *str_requires_grad, *str_name, *str_index;
 
 /* NumPy */
 static PyTypeObject *np_ndarray = NULL, *np_generic = NULL;
@@ -208,16 +215,28 @@ typedef struct {
     PyObject *descs; /* bytearray of cap_descs records */
     size_t n_descs, cap_descs;
     PyObject *objs;  /* list */
+    /* bytearrays the writer gave back (recycle): their pages are mapped already, so the
+     * next batch does not page-fault its way through fresh memory */
+    PyObject *spare_ops, *spare_descs;
 } BufferObject;
 
 static BufferObject *g_buffer = NULL;
 
 /* Make room for `need` records of `item` bytes in the bytearray *ba (used: n records). */
-static int reserve(PyObject **ba, size_t *cap, size_t n, size_t need, size_t item) {
+static int reserve(PyObject **ba, size_t *cap, size_t n, size_t need, size_t item,
+                   PyObject **spare) {
     if (need <= *cap && *ba) return 0;
     size_t ncap = *cap ? *cap : 1024;
     while (ncap < need) ncap *= 2;
-    PyObject *nb = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(ncap * item));
+    PyObject *nb = NULL;
+    if (*spare && (size_t)PyByteArray_GET_SIZE(*spare) >= ncap * item) {
+        nb = *spare; /* a recycled buffer at least as large */
+        *spare = NULL;
+        ncap = (size_t)PyByteArray_GET_SIZE(nb) / item;
+    } else {
+        Py_CLEAR(*spare);
+        nb = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(ncap * item));
+    }
     if (!nb) return -1;
     if (*ba && n) memcpy(PyByteArray_AS_STRING(nb), PyByteArray_AS_STRING(*ba), n * item);
     Py_XSETREF(*ba, nb);
@@ -229,6 +248,8 @@ static void Buffer_dealloc(BufferObject *self) {
     Py_XDECREF(self->ops);
     Py_XDECREF(self->descs);
     Py_XDECREF(self->objs);
+    Py_XDECREF(self->spare_ops);
+    Py_XDECREF(self->spare_descs);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -259,8 +280,10 @@ static void rebase_row(OpRec *op, DescRec *d, Py_ssize_t nd, int32_t base) {
 /* Append one row: the op record, its desc records, and its objects (indices relative). */
 static int buffer_append(BufferObject *b, OpRec *op, DescRec *d, Py_ssize_t nd, PyObject **objs,
                          Py_ssize_t nobj) {
-    if (reserve(&b->ops, &b->cap_ops, b->n_ops, b->n_ops + 1, sizeof(OpRec)) < 0) return -1;
-    if (nd && reserve(&b->descs, &b->cap_descs, b->n_descs, b->n_descs + nd, sizeof(DescRec)) < 0)
+    if (reserve(&b->ops, &b->cap_ops, b->n_ops, b->n_ops + 1, sizeof(OpRec), &b->spare_ops) < 0)
+        return -1;
+    if (nd && reserve(&b->descs, &b->cap_descs, b->n_descs, b->n_descs + nd, sizeof(DescRec),
+                      &b->spare_descs) < 0)
         return -1;
     int32_t base = (int32_t)PyList_GET_SIZE(b->objs);
     for (Py_ssize_t i = 0; i < nobj; i++) {
@@ -316,14 +339,23 @@ done:
     return res;
 }
 
-/* The used part of a bytearray, handed over without a copy; *ba starts anew. */
+/* The used part of a bytearray, handed over without a copy (a memoryview of it); *ba starts
+ * anew. The bytearray keeps its size, so recycle() can reuse all of it. */
 static PyObject *hand_over(PyObject **ba, size_t *cap, size_t n, size_t item) {
-    PyObject *out = *ba;
-    if (!out) return PyByteArray_FromStringAndSize(NULL, 0);
-    if (PyByteArray_Resize(out, (Py_ssize_t)(n * item)) < 0) return NULL;
+    PyObject *whole = *ba ? *ba : PyByteArray_FromStringAndSize(NULL, 0);
+    if (!whole) return NULL;
+    PyObject *mv = PyMemoryView_FromObject(whole);
+    Py_DECREF(whole); /* the memoryview holds it now */
     *ba = NULL;
-    /* a normal batch's room is kept; what a burst grew past 16384 records is given back */
-    if (*cap > 16384) *cap = 16384;
+    if (!mv) return NULL;
+    PyObject *stop = PyLong_FromSize_t(n * item);
+    PyObject *sl = stop ? PySlice_New(NULL, stop, NULL) : NULL;
+    PyObject *out = sl ? PyObject_GetItem(mv, sl) : NULL;
+    Py_XDECREF(stop);
+    Py_XDECREF(sl);
+    Py_DECREF(mv);
+    /* a normal batch's room is kept; what a burst grew past 65536 records is given back */
+    if (*cap > 65536) *cap = 65536;
     return out;
 }
 
@@ -348,6 +380,23 @@ static PyObject *Buffer_take(BufferObject *self, PyObject *unused) {
     return Py_BuildValue("(NNNn)", ops, descs, objs, n);
 }
 
+/* The writer gives a batch's memory back once written: reused for the next batches. Only a
+ * bytearray that nothing but this memoryview exports any more is taken. */
+static void take_back(PyObject *mv, PyObject **spare) {
+    if (!PyMemoryView_Check(mv) || *spare) return;
+    PyObject *base = PyMemoryView_GET_BUFFER(mv)->obj;
+    if (base && PyByteArray_CheckExact(base) && ((PyByteArrayObject *)base)->ob_exports == 1)
+        *spare = Py_NewRef(base);
+}
+
+static PyObject *Buffer_recycle(BufferObject *self, PyObject *args) {
+    PyObject *ops, *descs;
+    if (!PyArg_ParseTuple(args, "OO", &ops, &descs)) return NULL;
+    take_back(ops, &self->spare_ops);
+    take_back(descs, &self->spare_descs);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Buffer_clear(BufferObject *self, PyObject *unused) {
     self->n_ops = self->n_descs = 0;
     PyObject *n = PyList_New(0);
@@ -362,6 +411,8 @@ static PyMethodDef Buffer_methods[] = {
     {"take", (PyCFunction)Buffer_take, METH_NOARGS,
      "take() -> (op records, desc records, objects, rows): every buffered row"},
     {"clear", (PyCFunction)Buffer_clear, METH_NOARGS, "drop every buffered row"},
+    {"recycle", (PyCFunction)Buffer_recycle, METH_VARARGS,
+     "recycle(op records, desc records): give a written batch's memory back"},
     {NULL}};
 
 static PySequenceMethods Buffer_seq = {.sq_length = (lenfunc)Buffer_len};
@@ -612,10 +663,10 @@ static int describe_tensor_type(PyTypeObject *tp) {
 
 static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
     int ok = 0;
-    PyObject *shape = PyObject_GetAttrString(x, "shape");
-    PyObject *dtype = shape ? PyObject_GetAttrString(x, "dtype") : NULL;
-    PyObject *is_cpu = dtype ? PyObject_GetAttrString(x, "is_cpu") : NULL;
-    PyObject *grad = is_cpu ? PyObject_GetAttrString(x, "requires_grad") : NULL;
+    PyObject *shape = PyObject_GetAttr(x, str_shape);
+    PyObject *dtype = shape ? PyObject_GetAttr(x, str_dtype) : NULL;
+    PyObject *is_cpu = dtype ? PyObject_GetAttr(x, str_is_cpu) : NULL;
+    PyObject *grad = is_cpu ? PyObject_GetAttr(x, str_requires_grad) : NULL;
     if (!grad) {
         PyErr_Clear(); /* nested tensors have no shape: the Python path */
         goto done;
@@ -703,7 +754,7 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
             dt = (int32_t)PyLong_AsLong(v);
         } else {
             if (PyErr_Occurred()) return -1;
-            PyObject *descr = PyObject_GetAttrString(x, "dtype");
+            PyObject *descr = PyObject_GetAttr(x, str_dtype);
             if (!descr) return -1;
             dt = descr_sid(descr);
             Py_DECREF(descr);
@@ -782,7 +833,7 @@ static PyObject *g_operator_ops = NULL; /* dict: (opclass, ufunc name, reflected
 static Py_ssize_t operator_op(int opclass, PyObject *ufunc, PyObject *const *args,
                               Py_ssize_t nargs) {
     if (!g_operator_ops || !np_ndarray || opclass == K_CALL) return -1;
-    PyObject *name = PyObject_GetAttrString(ufunc, "__name__");
+    PyObject *name = PyObject_GetAttr(ufunc, str_name);
     if (!name) {
         PyErr_Clear();
         return -1;
@@ -858,7 +909,7 @@ static PyObject *slow_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcal
     } else {
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        PyObject *name = et ? PyObject_GetAttrString(et, "__name__") : NULL;
+        PyObject *name = et ? PyObject_GetAttr(et, str_name) : NULL;
         r = a && b && name ? PyObject_CallFunctionObjArgs(py_end, op, st, a, b, Py_None, name, d,
                                                           NULL)
                            : NULL;
@@ -998,7 +1049,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
     if (result == NULL) {
         PyErr_Fetch(&exc_t, &exc_v, &exc_tb);
-        PyObject *name = exc_t ? PyObject_GetAttrString(exc_t, "__name__") : NULL;
+        PyObject *name = exc_t ? PyObject_GetAttr(exc_t, str_name) : NULL;
         rec.status = name ? sid_of(name) : -1;
         Py_XDECREF(name);
         if (PyErr_Occurred()) PyErr_Clear();
@@ -1290,7 +1341,7 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     long depth = tl_depth;
     if ((depth && (depth >= INTERNAL || !g_nested)) || !g_active)
         return PyObject_Call(fn, targs, kw);
-    PyObject *io = PyObject_GetAttrString(op, "index");
+    PyObject *io = PyObject_GetAttr(op, str_index);
     if (!io) return NULL;
     Py_ssize_t opi = PyLong_AsSsize_t(io);
     Py_DECREF(io);
@@ -1651,9 +1702,18 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyTypeObject *types[] = {&BufferType, &ProbeType, &FieldType, &CounterType};
     for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
         if (PyType_Ready(types[i]) < 0) return NULL;
+    struct {
+        PyObject **p;
+        const char *s;
+    } strs[] = {{&str_shape, "shape"}, {&str_dtype, "dtype"}, {&str_is_cpu, "is_cpu"},
+                {&str_requires_grad, "requires_grad"}, {&str_name, "__name__"},
+                {&str_index, "index"}};
+    for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+        if (!(*strs[i].p = PyUnicode_InternFromString(strs[i].s))) return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
-    if (PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
+    if (PyModule_AddIntConstant(m, "API", PPROBE_NATIVE_API) < 0 ||
+        PyModule_AddObjectRef(m, "Buffer", (PyObject *)&BufferType) < 0 ||
         PyModule_AddObjectRef(m, "MethodProbe", (PyObject *)&ProbeType) < 0 ||
         PyModule_AddObjectRef(m, "ThreadField", (PyObject *)&FieldType) < 0 ||
         PyModule_AddObjectRef(m, "Counter", (PyObject *)&CounterType) < 0) {

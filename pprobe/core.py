@@ -21,6 +21,8 @@ from types import ModuleType
 from typing import Any
 
 CORES = ("auto", "native", "python")
+#: The interface version this Python side expects of pprobe/_native.c (PPROBE_NATIVE_API).
+API = 1
 
 native: ModuleType | None = None
 ENGINE = "python"
@@ -47,6 +49,8 @@ def _choose() -> tuple[ModuleType | None, str, bool]:
         return None, f"the native core is not built ({e}); reinstall with a C compiler", True
     from . import records
 
+    if getattr(_native, "API", None) != API:
+        return None, "the native core is out of date (rebuild it: pip install -e .)", True
     if _native.layout() != (records.OP_SIZE, records.DESC_SIZE):
         return None, "the native core's record layout differs from pprobe.records", True
     return _native, f"PPROBE_CORE={want}", False
@@ -54,6 +58,12 @@ def _choose() -> tuple[ModuleType | None, str, bool]:
 
 native, REASON, FELL_BACK = _choose()
 ENGINE = "native" if native is not None else "python"
+
+
+def fall_back(reason: str) -> None:
+    """The native core could not start after all: the Python engine records this process."""
+    global native, ENGINE, REASON, FELL_BACK
+    native, ENGINE, REASON, FELL_BACK = None, "python", reason, True
 
 
 def facts() -> dict[str, Any]:

@@ -513,20 +513,25 @@ def _native_outputs(seq: int, result: Any) -> tuple[bytes, tuple]:
 
 # ---------------------------------------------------------------------- the engine
 if _native is not None:
-    buffer = _native.init(
-        begin=_begin,
-        end=_end,
-        not_a_row=_NOT_A_ROW,
-        is_internal=_is_internal,
-        site_id=_site_id,
-        sid=records.sid,
-        ids=records._ids,
-        outputs=_native_outputs,
-        error=_report.internal_error,
-        note_thread=state.note_thread,
-        import_frame=_IMPORT_FRAME,
-        idx_strs=tuple(str(i) for i in range(64)),
-        ops=ops_by_index,
-        fixed=(records.S_OK, records.S_INPUT, records.S_OUTPUT, records.S_CPU, records.S_IDX0),
-    )
+    try:
+        buffer = _native.init(
+            begin=_begin,
+            end=_end,
+            not_a_row=_NOT_A_ROW,
+            is_internal=_is_internal,
+            site_id=_site_id,
+            sid=records.sid,
+            ids=records._ids,
+            outputs=_native_outputs,
+            error=_report.internal_error,
+            note_thread=state.note_thread,
+            import_frame=_IMPORT_FRAME,
+            idx_strs=tuple(str(i) for i in range(64)),
+            ops=ops_by_index,
+            fixed=(records.S_OK, records.S_INPUT, records.S_OUTPUT, records.S_CPU, records.S_IDX0),
+        )
+    except Exception as e:  # a core that does not fit this Python side: the Python engine
+        core.fall_back(f"the native core could not start ({type(e).__name__}: {e})")
+        _native = None
+if _native is not None:
     call = _native.call  # noqa: F811  (the same contract as the Python call above)

@@ -234,6 +234,9 @@ class Buffer:
     def clear(self) -> None:
         self._q.clear()
 
+    def recycle(self, heads: Any, descs: Any) -> None:
+        """A written batch's memory given back (the native buffer reuses it; here: nothing)."""
+
     def take(self) -> tuple[bytes, bytes, list, int]:
         """Every buffered row: (op records, desc records, objects, rows), indices absolute."""
         q = self._q

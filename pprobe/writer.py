@@ -117,6 +117,11 @@ class Writer:
             except Exception as e:
                 self.failed = True
                 _report.internal_error("writing the log", e)
+            ops = tensors = None
+            try:
+                buf.recycle(heads, descs)  # the memory of the next batches (no page faults)
+            except Exception as e:
+                _report.internal_error("recycling the record buffer", e)
 
     def _write(self, table: str, batch: Any) -> None:
         if batch.num_rows == 0 and table in self.sinks:
@@ -182,10 +187,10 @@ class Writer:
             strs.const(self.run_id, n),
             strs.const(self.host, n),
             _ints(pa, np, np.full(n, self.pid), pa.int64()),
-            pa.nulls(n, pa.int32())
+            _nulls(pa, n, pa.int32())
             if state.rank is None
             else _ints(pa, np, np.full(n, state.rank), pa.int32()),
-            pa.nulls(n, pa.int32())
+            _nulls(pa, n, pa.int32())
             if state.world_size is None
             else _ints(pa, np, np.full(n, state.world_size), pa.int32()),
             _ints(pa, np, seq, pa.int64()),
@@ -336,12 +341,18 @@ class _Strings:
         import pyarrow as pa
         import pyarrow._compute as pc
 
-        ids = np.asarray(ids)
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
         n = len(ids)
-        if n and (ids == ids[0]).all():  # one value (status "ok", device "cpu", no module)
-            return self._repeat(int(ids[0]), n)
-        valid = ids >= 0
-        idx = _ints(pa, np, np.where(valid, ids, 0), pa.int32(), valid)
+        if not n:
+            return pa.nulls(0, pa.string())
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo == hi:  # one value (status "ok", device "cpu", no module)
+            return self._repeat(lo, n)
+        if lo >= 0:
+            idx = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(ids)])
+        else:
+            valid = ids >= 0
+            idx = _ints(pa, np, np.where(valid, ids, 0), pa.int32(), valid)
         return pc.call_function("take", [self.dictionary, idx])
 
     def _repeat(self, i: int, n: int) -> Any:
@@ -354,7 +365,7 @@ class _Strings:
         if c is None or len(c) < n:
             k = max(n, 16384)
             if i < 0:
-                c = pa.nulls(k, pa.string())
+                c = _nulls(pa, k, pa.string())
             else:
                 idx = _ints(pa, np, np.full(k, i, dtype=np.int32), pa.int32())
                 c = pc.call_function("take", [self.dictionary, idx])
@@ -373,7 +384,7 @@ def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
     Straight from the buffers: ``pa.array(ndarray)`` imports numpy.ma and ``mask=``/``cast``
     pyarrow.compute, modules the program did not ask for, from the writer thread."""
     if valid is not None and len(valid) and not valid.any():
-        return pa.nulls(len(valid), tp)
+        return _nulls(pa, len(valid), tp)
     v = np.ascontiguousarray(v, dtype=np.int32 if tp == pa.int32() else np.int64)
     bitmap = None
     if valid is not None and not valid.all():
@@ -381,11 +392,22 @@ def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
     return pa.Array.from_buffers(tp, len(v), [bitmap, pa.py_buffer(v)])
 
 
+_null_arrays: dict[Any, Any] = {}
+
+
+def _nulls(pa: Any, n: int, tp: Any) -> Any:
+    """n nulls of type ``tp``: a slice of one array per type (no new zeroed memory per batch)."""
+    c = _null_arrays.get(tp)
+    if c is None or len(c) < n:
+        c = _null_arrays[tp] = pa.nulls(max(n, 65536), tp)
+    return c.slice(0, n)
+
+
 def _floats(pa: Any, np: Any, v: Any, valid: Any) -> Any:
     """A float64 Arrow array of ``v``, null where ``valid`` is False or the value is NaN
     (statistics are over finite values: NaN in a record means null)."""
     if not valid.any():
-        return pa.nulls(len(v), pa.float64())
+        return _nulls(pa, len(v), pa.float64())
     v = np.ascontiguousarray(v, dtype=np.float64)
     ok = valid & (v == v)
     bitmap = None if ok.all() else pa.py_buffer(np.packbits(ok, bitorder="little"))

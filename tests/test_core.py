@@ -213,3 +213,27 @@ def test_a_batch_without_arrays(buf: object, tmp_path: Path) -> None:
         o, t = w._to_batches(*buf.take())  # type: ignore[attr-defined]
     assert [(r["op"], r["args"]) for r in o.to_pylist()] == [("test.noarrays", "0='x'")]
     assert t.num_rows == 0
+
+
+def test_an_out_of_date_native_core_falls_back(tmp_path: Path) -> None:
+    # A core built from other sources than this Python side (an old build in the tree).
+    r = run_script(
+        tmp_path,
+        """
+        import sys, types
+        stale = types.ModuleType("pprobe._native")
+        stale.API = 0
+        sys.modules["pprobe._native"] = stale
+        import pprobe, numpy as np
+        pprobe.enable(mode="log")
+        print(np.add(np.ones(2), 1).tolist())
+        pprobe.disable()
+        """,
+        env={"PPROBE_CORE": "auto"},
+        probe=False,
+    ).check()
+    assert r.out.strip() == "[2.0, 2.0]"
+    (line,) = r.pprobe_lines()
+    assert "Python engine" in line and "out of date" in line
+    assert meta(r.run_dir)["core"]["engine"] == "python"
+    assert [o["op"] for o in ops(r.run_dir)] == ["numpy.ones", "numpy.add", "numpy.ndarray.tolist"]
