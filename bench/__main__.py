@@ -1,7 +1,7 @@
 """``python -m bench``: run the workloads, print medians and ratios, write bench/results/*.json.
 
 python -m bench                 # everything (several minutes)
-python -m bench --quick         # the CI smoke run (< 2 minutes, no thresholds asserted)
+python -m bench --quick         # the CI smoke run (< 3 minutes, no thresholds asserted)
 python -m bench --only mlp_torch,startup
 python -m bench --list
 """
@@ -74,15 +74,26 @@ def _git() -> dict[str, Any]:
     import hashlib
 
     h = hashlib.sha256()  # pprobe changes under the benchmark: name the exact sources
+    native = {}
     for d, _, files in sorted(os.walk(os.path.join(REPO, "pprobe"))):
         for f in sorted(files):
-            if f.endswith(".py"):
-                with open(os.path.join(d, f), "rb") as fh:
+            path = os.path.join(d, f)
+            if f.endswith((".py", ".c")):
+                with open(path, "rb") as fh:
                     h.update(f.encode() + fh.read())
+            elif f.startswith("_native") and f.endswith((".so", ".pyd")):  # the built core
+                with open(path, "rb") as fh:
+                    native[f] = {
+                        "sha256": hashlib.sha256(fh.read()).hexdigest()[:16],
+                        "mtime": time.strftime(
+                            "%Y-%m-%dT%H:%M:%S", time.localtime(os.path.getmtime(path))
+                        ),
+                    }
     return {
         "commit": git("rev-parse", "HEAD"),
         "dirty": bool(git("status", "--porcelain", "pprobe")),
         "pprobe_sources_sha256": h.hexdigest()[:16],
+        "native_core": native,
     }
 
 
@@ -122,8 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for name in suites.SUITES:
             print(name)
+        for alias, names in suites.ALIASES.items():
+            print(f"{alias} (= {', '.join(names)})")
         return 0
     only = [n.strip() for o in args.only for n in o.split(",") if n.strip()]
+    only = [m for n in only for m in suites.ALIASES.get(n, (n,))]
+    only = list(dict.fromkeys(only))
     bad = [n for n in only if n not in suites.SUITES]
     if bad:
         print(f"unknown workload {bad[0]!r}; known: {', '.join(suites.SUITES)}", file=sys.stderr)
@@ -142,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     names = only or list(suites.SUITES)
     t_start = time.time()
+    git0 = _git()
     print(
         f"pprobe bench ({'quick' if args.quick else 'full'}): {', '.join(names)}; "
         f"{os.cpu_count()} CPUs, load avg {_load()}",
@@ -167,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ts = targets.judge(sections)
     print(format_targets(ts))
     duration = time.time() - t_start
+    git = _git()
+    if (git["pprobe_sources_sha256"], git["native_core"]) != (
+        git0["pprobe_sources_sha256"],
+        git0["native_core"],
+    ):
+        git["at_start"] = git0  # pprobe (sources or built core) changed during the run
+        print("\nwarning: pprobe's sources or its built native core changed during this run")
     result = {
         "meta": {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t_start)),
@@ -178,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "versions": _versions(),
-            "git": _git(),
+            "git": git,
         },
         "targets": ts,
         "workloads": {

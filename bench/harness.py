@@ -42,6 +42,13 @@ class Variant:
     torch_level: str | None = None  # checked in the log: aten / module rows must be there
     python: str = sys.executable
     pythonpath: str | None = None  # extra PYTHONPATH entry (e.g. the repo, to import pprobe)
+    #: The recording engine this variant measures (``PPROBE_CORE``): the run's meta.json must
+    #: say that this engine ran (``core.engine``), else the run is "fell back", not timed.
+    engine: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine:
+            self.env.setdefault("PPROBE_CORE", self.engine)
 
 
 @dataclass
@@ -129,18 +136,36 @@ def run_child(
         return Outcome("failed", data or {}, wall, rss, f"exit {rc}: {_tail(se)}", cpu)
     out = Outcome("ok", data, wall, rss, cpu_s=cpu)
     if v.probe and v.env.get("PPROBE") != "0":
-        judge_probe(v, out)
+        judge_probe(v, out, se)
     return out
 
 
-def judge_probe(v: Variant, out: Outcome) -> None:
+def judge_probe(v: Variant, out: Outcome, stderr: str = "") -> None:
     """Mark a probed run unavailable when the probe did not do what the variant measures."""
     facts = out.data.get("probe") or {}
     if not facts.get("active"):
-        out.status, out.error = "failed", "the probe did not start in the child"
+        out.status, out.error = (
+            "failed",
+            "the probe did not start in the child"
+            + (f"; stderr: {_tail(stderr, 400)}" if stderr.strip() else ""),
+        )
         return
     if facts.get("errors"):
         out.data["probe_errors"] = facts["errors"]
+    core = engine_of(facts.get("run_dir"))
+    if core is None:
+        core = facts.get("core")  # as the child read it (its run folder may be gone)
+    out.data["core"] = core
+    if v.engine:
+        ran = (core or {}).get("engine")
+        if ran != v.engine:
+            out.status = "fell back"
+            out.error = (
+                f"PPROBE_CORE={v.engine} asked, but meta.json says engine={ran!r} "
+                f"(reason: {(core or {}).get('reason')!r})"
+                + (f"; stderr: {_tail(stderr, 300)}" if stderr.strip() else "")
+            )
+            return
     if v.needs_torch and "torch" not in facts.get("installed", []):
         out.status = "unavailable"
         out.error = "torch interceptor not installed: " + str(facts.get("torch_error"))
@@ -153,6 +178,18 @@ def judge_probe(v: Variant, out: Outcome) -> None:
             out.error = f"PPROBE_TORCH_LEVEL={v.torch_level} produced no {v.torch_level} rows " + (
                 f"(rows by framework/kind: {what})"
             )
+
+
+def engine_of(run_dir: str | None) -> dict[str, Any] | None:
+    """``core`` of a run's meta.json ({"engine": "native" | "python", "reason": ...})."""
+    if not run_dir:
+        return None
+    try:
+        with open(os.path.join(run_dir, "meta.json")) as f:
+            core = json.load(f).get("core")
+    except (OSError, ValueError):
+        return None
+    return core if isinstance(core, dict) else None
 
 
 def level_evidence(run_dir: str, level: str) -> tuple[bool, dict[str, int]]:

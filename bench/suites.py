@@ -1,4 +1,4 @@
-"""The eight workloads: which variants run, how often, and which figures come out.
+"""The workloads: which variants run, how often, and which figures come out.
 
 Each suite returns a :class:`Section`: the table rows printed for it, the figures the targets
 are judged on, and every run's raw data (written to the JSON). Sizes come from :class:`Plan`:
@@ -138,6 +138,29 @@ class Section:
         for name, vr in runs.items():
             if vr.status != "ok":
                 self.row(name, vr.status, vr.error or "", "", "")
+            elif vr.error:  # some rounds failed or fell back: left out of the medians
+                bad = [r for r in vr.runs if r.status != "ok"]
+                self.notes.append(
+                    f"{name}: {len(bad)} of {len(vr.runs)} runs {bad[0].status}, left out of "
+                    f"the medians: {vr.error}"
+                )
+
+    def engines(self, runs: dict[str, VariantRuns], prefix: str = "") -> None:
+        """A note naming the engine each probed variant ran with (meta.json ``core``)."""
+        seen = {}
+        for name, vr in runs.items():
+            got = sorted(
+                {str((r.data.get("core") or {}).get("engine")) for r in vr.runs if r.status == "ok"}
+                - {"None"}
+            )
+            if got:
+                seen[prefix + name] = "/".join(got)
+        if seen:
+            self.figures.setdefault("engines", {}).update(seen)
+            self.notes.append(
+                "engine that recorded (meta.json core.engine): "
+                + ", ".join(f"{k}: {v}" for k, v in seen.items())
+            )
 
 
 Log = Callable[[str], None]
@@ -150,12 +173,27 @@ def _probe(name: str, mode: str | None = None, **env: str) -> dict[str, Any]:
     return {"name": name, "probe": True, "env": e}
 
 
+#: Log mode under each recording engine (PPROBE_CORE; pprobe/core.py). Each run's meta.json
+#: must name the engine asked for, else the run is "fell back" and is not timed as that engine.
+ENGINES = ("native", "python")
+LOG = {e: f"log ({e})" for e in ENGINES}
+
+
+def _log_variants(torch: bool) -> list[Variant]:
+    return [
+        Variant(LOG[e], probe=True, env={"PPROBE_MODE": "log"}, needs_torch=torch, engine=e)
+        for e in ENGINES
+    ]
+
+
 def _variants(torch: bool, extra: list[Variant] | None = None) -> list[Variant]:
-    """none, installed-but-off, log, stats, dump (+ extra)."""
+    """none, installed-but-off, log (native), log (python), stats, dump (+ extra).
+
+    stats and dump run the default engine (PPROBE_CORE unset: ``auto``)."""
     vs = [
         Variant("none"),
         Variant("off", probe=True, env={"PPROBE": "0"}),
-        Variant("log", probe=True, env={"PPROBE_MODE": "log"}, needs_torch=torch),
+        *_log_variants(torch),
         Variant("stats", probe=True, env={"PPROBE_MODE": "stats"}, needs_torch=torch),
         Variant("dump", probe=True, env={"PPROBE_MODE": "dump"}, needs_torch=torch),
     ]
@@ -180,7 +218,7 @@ def micro(plan: Plan, log: Log, framework: str) -> Section:
         extra.append(Variant("torch.profiler", args={"profiler": True}))
     vs = _variants(torch, extra)
     if torch and plan.quick:  # each torch child pays ~2 s of import: keep the smoke run short
-        vs = [v for v in vs if v.name in ("none", "log", "torch.profiler")]
+        vs = [v for v in vs if v.name in ("none", *LOG.values(), "torch.profiler")]
     for v in vs:
         if v.env.get("PPROBE_MODE") == "dump":
             v.args["n"] = plan.micro_n_dump  # every call writes 3 files
@@ -194,7 +232,7 @@ def micro(plan: Plan, log: Log, framework: str) -> Section:
     sec.keep(runs)
     base = runs["none"]
     ops = list((base.runs[0].data.get("ns_per_call") or {}) if base.runs else {})
-    sec.figures = {"ns_per_call": {}, "delta_us": {}, "covered": {}}
+    sec.figures = {"ns_per_call": {}, "delta_us": {}, "covered": {}, "writer_us_per_row": {}}
     for op in ops:
         b = base.median(lambda o, op=op: o.data["ns_per_call"].get(op))
         sec.row("none", op, _f(b), "ns/call")
@@ -217,6 +255,30 @@ def micro(plan: Plan, log: Log, framework: str) -> Section:
                 de = (me - b) / 1000 if me is not None and b is not None else None
                 sec.row(name, op + " incl. exit", _f(me), "ns/call", f"{de:+.2f} us")
                 sec.figures["delta_us"].setdefault("torch.profiler+exit", {})[op] = de
+    # The writer thread's CPU per op row over each op's timed loops (steady state).
+    for name, vr in runs.items():
+        if name == "none" or vr.status != "ok" or not vr.variant.probe:
+            continue
+        per_op = {
+            op: vr.median(lambda o, op=op: (o.data.get("writer_us_per_row") or {}).get(op))
+            for op in ops
+        }
+        per_op = {k: v for k, v in per_op.items() if v is not None}
+        if not per_op:
+            continue
+        sec.figures["writer_us_per_row"][name] = per_op
+        sec.row(
+            name,
+            "writer CPU per op row: " + ", ".join(f"{k} {v:.2f}" for k, v in per_op.items()),
+            f"{max(per_op.values()):.2f}",
+            "us/row (max)",
+        )
+    sec.notes.append(
+        "writer CPU per op row: CPU time of pprobe's writer thread (pthread CPU clock) over each "
+        "op's timed loops, divided by the op rows it wrote in them (the one-time pyarrow import "
+        "is before them)"
+    )
+    sec.engines(runs)
     sec.unavailable(runs)
     return sec
 
@@ -236,7 +298,9 @@ def _program(
     runs = interleave(script, vs, plan.rounds, {**plan.common(), **args}, log=log)
     sec.keep(runs, prefix=script + "/" if script != "mlp_torch" else "")
     base = runs["none"].median(_total)
-    fig = sec.figures.setdefault(script, {"ratio": {}, "seconds": {}, "rows_per_" + per: {}})
+    fig = sec.figures.setdefault(
+        script, {"ratio": {}, "seconds": {}, "rows_per_" + per: {}, "writer": {}}
+    )
     for name, vr in runs.items():
         if vr.status != "ok":
             continue
@@ -255,6 +319,11 @@ def _program(
         if rows is not None:
             extra += f", {rows:.1f} rows/{per}"
             fig["rows_per_" + per][name] = rows
+        w = _writer_figures(vr)
+        if w:
+            fig["writer"][name] = w
+            if w.get("us_per_row") is not None:
+                extra += f", writer {w['us_per_row']:.2f} us/row"
         paired = [t / b for t, b in zip(vr.values(_total), runs["none"].values(_total)) if b]
         spread = f" ({min(paired):.2f}-{max(paired):.2f})" if len(paired) > 1 else ""
         sec.row(name, label + extra, _f(tot, 3), "s", _ratio(tot, base) + spread)
@@ -264,7 +333,29 @@ def _program(
         if name == "off":  # PPROBE=0: nothing may be patched (the cost is zero by construction)
             facts = [(o.data.get("probe") or {}).get("untouched") for o in vr.runs]
             fig["off_untouched"] = untouched_all(facts)
+    sec.engines(runs, prefix=f"{script}/" if script != sec.name else "")
     sec.unavailable({f"{script}/{k}": v for k, v in runs.items()})
+
+
+def _writer_figures(vr: VariantRuns) -> dict[str, Any]:
+    """Medians of the child's writer report (bench/workloads/_child.py: writer_cost)."""
+
+    def get(key: str) -> Callable[[Outcome], Any]:
+        return lambda o: ((o.data.get("probe") or {}).get("writer") or {}).get(key)
+
+    out = {
+        k: vr.median(get(k))
+        for k in (
+            "us_per_row",
+            "later_flushes_us_per_row",
+            "import_cpu_s",
+            "thread_cpu_s",
+            "rows",
+            "flushes",
+            "rows_other_threads",
+        )
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def mlp_torch(plan: Plan, log: Log) -> Section:
@@ -291,20 +382,55 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
     ]
     vs = _variants(True, extra)
     if plan.quick:  # ~2-5 s per torch child: the smoke run keeps one probed mode per level
-        vs = [v for v in vs if v.name in ("none", "log", "module", "aten", "torch.profiler")]
+        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler")
+        vs = [v for v in vs if v.name in keep]
     _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")
+    _writer_note(sec)
     return sec
 
 
-def numpy_programs(plan: Plan, log: Log) -> Section:
+def numpy_mlp(plan: Plan, log: Log) -> Section:
     sec = Section(
-        "numpy_programs",
-        f"4. NumPy programs: NumPy MLP ({plan.mlp_steps} steps, manual backward) and SciPy "
-        f"(linalg.solve 64x64 + signal.lfilter, {plan.scipy_iters} iterations): seconds",
+        "numpy_mlp",
+        f"4a. NumPy MLP 128-256-256-10, batch 64, {plan.mlp_steps} steps, manual backward: seconds",
     )
     _program(sec, "numpy_mlp", _variants(False), plan, {"steps": plan.mlp_steps}, log, "step")
-    _program(sec, "scipy_loop", _variants(False), plan, {"iters": plan.scipy_iters}, log, "iter")
+    _writer_note(sec)
     return sec
+
+
+def scipy_loop(plan: Plan, log: Log) -> Section:
+    sec = Section(
+        "scipy_loop",
+        f"4b. SciPy loop: linalg.solve 64x64 + signal.lfilter, {plan.scipy_iters} iterations: "
+        "seconds",
+    )
+    _program(sec, "scipy_loop", _variants(False), plan, {"iters": plan.scipy_iters}, log, "iter")
+    _writer_note(sec)
+    return sec
+
+
+def _writer_note(sec: Section) -> None:
+    lines = []
+    for fig in sec.figures.values():
+        if not isinstance(fig, dict):
+            continue
+        for name, w in (fig.get("writer") or {}).items():
+            if w.get("us_per_row") is None:
+                continue
+            later = w.get("later_flushes_us_per_row")
+            lines.append(
+                f"{name}: {w['us_per_row']:.2f} us/row over {w.get('rows', 0):,.0f} rows in "
+                f"{w.get('flushes', 0):.0f} flushes"
+                + (f" ({later:.2f} after the first flush)" if later is not None else "")
+                + f", pyarrow import {w.get('import_cpu_s', 0) * 1000:.0f} ms"
+            )
+    if lines:
+        sec.notes.append(
+            "writer CPU per op row = (CPU time of pprobe's writer thread at the end of the run, "
+            "pthread CPU clock - its one-time pyarrow import) / op rows it wrote; "
+            + "; ".join(lines)
+        )
 
 
 # ------------------------------------------------------------------ 5: start-up
@@ -682,9 +808,12 @@ SUITES: dict[str, Callable[[Plan, Log], Section]] = {
     "micro_numpy": lambda p, log: micro(p, log, "numpy"),
     "micro_torch": lambda p, log: micro(p, log, "torch"),
     "mlp_torch": mlp_torch,
-    "numpy_programs": numpy_programs,
+    "numpy_mlp": numpy_mlp,
+    "scipy_loop": scipy_loop,
     "startup": startup,
     "dumps": dumps,
     "query": query,
     "memory": memory,
 }
+#: Older names accepted by ``--only`` (workload 4 was one section of both programs).
+ALIASES: dict[str, tuple[str, ...]] = {"numpy_programs": ("numpy_mlp", "scipy_loop")}

@@ -4,13 +4,19 @@ A child program is started by ``bench/harness.py`` as ``python bench/workloads/<
 '<json args>'`` in a fresh interpreter, with or without pprobe's bootstrap on PYTHONPATH. It
 prints one line ``BENCH_RESULT {json}`` on stdout. This module imports only the standard
 library, so it never changes what the probe sees or how long start-up takes.
+
+Under the probe it also meters pprobe's writer thread (CPU per op row written, see
+``_Meter``): workloads import it first, before numpy or torch. The result line says which
+recording engine ran (``probe.core``, read from the run's meta.json).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -52,11 +58,194 @@ def rows_per_call(fn: Any, n: int = 200) -> float | None:
     s = session()
     if s is None:
         return None
-    s.writer.flush()
+    drain(s)
     before = s.writer.rows_written
     fn(n)
-    s.writer.flush()
+    drain(s)
     return (s.writer.rows_written - before) / n
+
+
+# ---------------------------------------------------------------------- the writer's CPU
+#
+# pprobe's writer thread ("pprobe-writer") turns the buffered records into Arrow batches and
+# writes them. Its CPU per op row is read from the thread's own CPU clock at the end of the
+# run (pthread_getcpuclockid; /proc/self/task/<tid>/stat as a fallback and a cross-check),
+# less the one-time import of pyarrow (which the writer does on its first flush with rows),
+# divided by the op rows that thread wrote. Every flush the benchmark asks for is handed to
+# the writer thread (:func:`drain`), so that no row is written on another thread unless
+# pprobe itself does so; the meter below counts those too.
+
+#: pprobe's lazy imports on the writer's first flush (writer.py: ``_to_batches``, ``_Strings``).
+_WRITER_IMPORTS = ("pyarrow", "pyarrow._compute", "pprobe.schema")
+
+
+class _Meter:
+    """Wraps the session's ``writer.flush`` (an instance attribute: the writer thread's loop
+    and ``Writer.close`` call ``self.flush()``) to count rows and CPU per thread, and to do
+    the writer's one-time imports separately, on the same thread at the same moment (so the
+    process does the same work) but timed apart from the per-row cost."""
+
+    def __init__(self, s: Any) -> None:
+        self.writer = w = s.writer
+        self.real = w.flush
+        self.batches_before = w.batches  # > 0: a flush ran before the meter (import unseen)
+        self.rows_before = w.rows_written
+        self.preloaded = [m for m in _WRITER_IMPORTS if m in sys.modules]
+        self.import_cpu_s = 0.0
+        self.imported = False
+        self.flushes = 0
+        self.rows_writer = 0  # op rows written by flushes on the writer thread
+        self.cpu_writer = 0.0  # thread CPU inside those flushes (imports excluded)
+        self.rows_other = 0  # op rows written by flushes on any other thread
+        self.cpu_other = 0.0
+        self.first: tuple[int, float] | None = None  # (rows, CPU s) of the first flush with rows
+        w.flush = self.flush
+
+    def flush(self) -> None:
+        w = self.writer
+        on_writer = threading.current_thread() is w.thread
+        if not self.imported and len(_buffer()):
+            self.imported = True
+            c0 = time.thread_time()
+            for m in _WRITER_IMPORTS:
+                try:
+                    importlib.import_module(m)
+                except Exception:
+                    pass
+            self.import_cpu_s = time.thread_time() - c0
+        r0, c0 = w.rows_written, time.thread_time()
+        self.real()
+        dc, dr = time.thread_time() - c0, w.rows_written - r0
+        if dr:
+            self.flushes += 1
+            if self.first is None:
+                self.first = (dr, dc)
+        if on_writer:
+            self.rows_writer += dr
+            self.cpu_writer += dc
+        else:
+            self.rows_other += dr
+            self.cpu_other += dc
+
+
+_meter: _Meter | None = None
+
+
+def _buffer() -> Any:
+    rec = sys.modules.get("pprobe.recorder")
+    return () if rec is None else rec.buffer
+
+
+def drain(s: Any, timeout: float = 120.0) -> None:
+    """Have the writer thread write every buffered row, and wait until it has.
+
+    ``Writer.flush`` called here would run on this thread; the writer's CPU per row is
+    measured on the writer thread, so the flush is handed to it (``wake``). Falls back to a
+    flush on this thread when the writer thread is not running.
+    """
+    w = s.writer
+    t = getattr(w, "thread", None)
+    if t is None or not t.is_alive() or t is threading.current_thread():
+        w.flush()
+        return
+    deadline = time.monotonic() + timeout
+    while len(_buffer()):
+        w.wake()
+        if time.monotonic() > deadline:
+            w.flush()
+            return
+        time.sleep(0.0005)
+    with w.lock:  # the flush that took the last rows holds the lock until they are written
+        pass
+
+
+def _thread_cpu(t: threading.Thread) -> dict[str, Any]:
+    """CPU seconds of a live thread of this process: its CPU clock, and /proc's ticks."""
+    out: dict[str, Any] = {}
+    try:
+        out["clock_s"] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))  # type: ignore[arg-type]
+    except Exception as e:
+        out["clock_error"] = f"{type(e).__name__}: {e}"
+    try:
+        with open(f"/proc/self/task/{t.native_id}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # fields[0] is field 3 (state): utime and stime are fields 14 and 15
+        out["proc_s"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except Exception as e:
+        out["proc_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def writer_cost(s: Any) -> dict[str, Any]:
+    """The writer thread's CPU and rows so far (call after :func:`drain`, before stop)."""
+    w = s.writer
+    t = getattr(w, "thread", None)
+    if t is None or not t.is_alive():
+        t = next((x for x in threading.enumerate() if x.name == "pprobe-writer"), None)
+    out: dict[str, Any] = {"rows": w.rows_written, "batches": w.batches}
+    if t is None or not t.is_alive():
+        out["error"] = "no live pprobe-writer thread"
+        return out
+    cpu = _thread_cpu(t)
+    out.update(cpu)
+    total = cpu.get("clock_s", cpu.get("proc_s"))
+    out["thread_cpu_s"] = total
+    out["method"] = "pthread_getcpuclockid" if "clock_s" in cpu else "/proc/self/task/stat"
+    m = _meter
+    if m is None:
+        out["error"] = "writer not metered"
+        return out
+    rows = m.rows_writer
+    out.update(
+        {
+            "import_cpu_s": m.import_cpu_s,
+            "flushes": m.flushes,
+            "rows_writer_thread": rows,
+            "rows_other_threads": m.rows_other,
+            "flush_cpu_s": m.cpu_writer,
+            "other_threads_flush_cpu_s": m.cpu_other,
+            "rows_before_meter": m.rows_before,
+            "preloaded": m.preloaded,
+        }
+    )
+    if m.batches_before:
+        out["note"] = "a flush ran before the meter: the one-time imports are not separated"
+    if total is not None and rows:
+        out["us_per_row"] = (total - m.import_cpu_s) / rows * 1e6
+        out["flush_us_per_row"] = m.cpu_writer / rows * 1e6
+    if m.first is not None:
+        out["first_flush_rows"], out["first_flush_cpu_s"] = m.first
+        later = rows - m.first[0]
+        if later > 0:  # the first flush with rows pays more one-time work than the import
+            out["later_flushes_us_per_row"] = (m.cpu_writer - m.first[1]) / later * 1e6
+    return out
+
+
+def writer_snapshot(s: Any) -> tuple[float | None, int]:
+    """(CPU seconds of the writer thread so far, op rows written): take both after
+    :func:`drain`; the difference of two snapshots is the writer's cost for those rows."""
+    t = getattr(s.writer, "thread", None)
+    if t is None or not t.is_alive():
+        return None, s.writer.rows_written
+    cpu = _thread_cpu(t)
+    return cpu.get("clock_s", cpu.get("proc_s")), s.writer.rows_written
+
+
+def writer_us_per_row(a: tuple[float | None, int], b: tuple[float | None, int]) -> float | None:
+    """Writer CPU per op row between two :func:`writer_snapshot` s."""
+    if a[0] is None or b[0] is None or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1]) * 1e6
+
+
+def _start_meter() -> None:
+    global _meter
+    s = session()
+    if s is not None and _meter is None:
+        try:
+            _meter = _Meter(s)
+        except Exception as e:  # a pprobe whose writer differs: report, do not fail the run
+            sys.stderr.write(f"bench: writer meter not installed: {type(e).__name__}: {e}\n")
 
 
 def calibrated(fn: Any, n_max: int, target_s: float, n_min: int = 200) -> int:
@@ -81,7 +270,9 @@ def finish_probe() -> tuple[float, dict[str, Any]]:
         return 0.0, {"active": False, "untouched": untouched()}
     installed = sorted(s.installed)
     coverage = json.loads(json.dumps(s.run.coverage, default=str))
-    with Span() as sp:
+    with Span() as sp:  # the program's exit would write these rows: counted in finish_s
+        drain(s)
+        writer = writer_cost(s)
         s.stop()
     dt = sp.s
     facts: dict[str, Any] = {
@@ -90,9 +281,16 @@ def finish_probe() -> tuple[float, dict[str, Any]]:
         "coverage": coverage,
         "config": {"mode": s.config.mode, "torch_levels": list(s.config.torch_levels)},
         "rows": s.writer.rows_written,
+        "writer": writer,
         "dumps": s.dumper.summary() if s.dumper is not None else None,
         "run_dir": s.run.dir,
     }
+    writer["rows_at_stop"] = s.writer.rows_written - writer["rows"]  # 0 after the drain
+    try:
+        with open(os.path.join(s.run.dir, "meta.json")) as f:
+            facts["core"] = json.load(f).get("core")
+    except Exception as e:
+        facts["core_error"] = f"meta.json: {type(e).__name__}: {e}"
     report = sys.modules.get("pprobe._report")
     if report is not None and report.errors:
         facts["errors"] = [
@@ -148,3 +346,8 @@ def median(xs: list[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+# Workloads import this module first, before numpy or torch: the meter must see the writer's
+# first flush (the one that imports pyarrow).
+_start_meter()

@@ -8,8 +8,20 @@ from __future__ import annotations
 
 from itertools import repeat
 
+import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import torch
-from _child import ARGS, Span, calibrated, emit, median, rows_per_call, session
+from _child import (
+    ARGS,
+    Span,
+    calibrated,
+    drain,
+    emit,
+    median,
+    rows_per_call,
+    session,
+    writer_snapshot,
+    writer_us_per_row,
+)
 
 if ARGS.get("torch_threads"):
     torch.set_num_threads(int(ARGS["torch_threads"]))
@@ -53,18 +65,28 @@ def main() -> None:
     n, reps = int(ARGS.get("n", 20_000)), int(ARGS.get("reps", 5))
     target = float(ARGS.get("target_s", 0.25))
     prof = bool(ARGS.get("profiler"))
-    out: dict = {"ns_per_call": {}, "ns_per_call_with_exit": {}, "rows_per_call": {}, "n": {}}
+    out: dict = {
+        "ns_per_call": {},
+        "ns_per_call_with_exit": {},
+        "rows_per_call": {},
+        "n": {},
+        "writer_us_per_row": {},
+    }
     for name, fn in OPS.items():
         m = out["n"][name] = calibrated(fn, n, target)
         s = session()
         if s is not None:
-            s.writer.flush()
+            drain(s)
+            w0 = writer_snapshot(s)
         if prof:
             runs = [profiled(fn, m) for _ in range(reps)]
             out["ns_per_call"][name] = median([r[0] for r in runs])
             out["ns_per_call_with_exit"][name] = median([r[1] for r in runs])
         else:
             out["ns_per_call"][name] = median([fn(m) / m for _ in range(reps)])
+            if s is not None:  # the writer's CPU for this op's rows of the timed loops
+                drain(s)
+                out["writer_us_per_row"][name] = writer_us_per_row(w0, writer_snapshot(s))
             out["rows_per_call"][name] = rows_per_call(fn, 200)
     emit(out)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import torch
 import torch.nn.functional as F
 from _child import ARGS, Span, emit

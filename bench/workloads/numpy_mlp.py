@@ -6,6 +6,7 @@ mixed with operators and methods, so the rows per step show what the probe's cov
 
 from __future__ import annotations
 
+import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import numpy as np
 from _child import ARGS, Span, emit
 

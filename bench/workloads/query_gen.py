@@ -6,6 +6,7 @@ has groups to make and the tensors table holds two or three rows per op.
 
 from __future__ import annotations
 
+import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import numpy as np
 from _child import ARGS, Span, emit
 
