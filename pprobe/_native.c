@@ -830,30 +830,29 @@ static PyObject *hidden_call(PyObject *fn, vectorcallfunc orig, PyObject *const 
 /* Operators: op indices by (opclass, ufunc), from set_operators() */
 static PyObject *g_operator_ops = NULL; /* dict: (opclass, ufunc name, reflected) -> op index */
 
+/* (hooked ufunc, opclass * 2 + reflected) -> op index + 2 (0: not looked up; 1: none) */
+static Map2 g_operator_cache;
+
 static Py_ssize_t operator_op(int opclass, PyObject *ufunc, PyObject *const *args,
                               Py_ssize_t nargs) {
     if (!g_operator_ops || !np_ndarray || opclass == K_CALL) return -1;
-    PyObject *name = PyObject_GetAttr(ufunc, str_name);
-    if (!name) {
-        PyErr_Clear();
-        return -1;
-    }
     int reflected = 0;
-    if ((opclass == K_BINARY || opclass == K_INPLACE) && nargs >= 2 && !PyObject_TypeCheck(args[0], np_ndarray) &&
-        PyObject_TypeCheck(args[1], np_ndarray))
+    if ((opclass == K_BINARY || opclass == K_INPLACE) && nargs >= 2 &&
+        !PyObject_TypeCheck(args[0], np_ndarray) && PyObject_TypeCheck(args[1], np_ndarray))
         reflected = 1;
-    PyObject *key = Py_BuildValue("(iNi)", opclass, name, reflected);
-    if (!key) {
-        PyErr_Clear();
-        return -1;
-    }
-    PyObject *v = PyDict_GetItemWithError(g_operator_ops, key);
-    Py_DECREF(key);
-    if (!v) {
-        PyErr_Clear();
-        return -1;
-    }
-    return PyLong_AsSsize_t(v);
+    /* the ufuncs are the hooked public ones, alive for good: their address is the key */
+    Slot2 *s = map2_find(&g_operator_cache, ufunc, opclass * 2 + reflected);
+    if (s) return (Py_ssize_t)s->a - 2;
+    Py_ssize_t found = -1;
+    PyObject *name = PyObject_GetAttr(ufunc, str_name);
+    PyObject *key = name ? Py_BuildValue("(iNi)", opclass, name, reflected) : NULL;
+    PyObject *v = key ? PyDict_GetItemWithError(g_operator_ops, key) : NULL;
+    if (v) found = PyLong_AsSsize_t(v);
+    Py_XDECREF(key);
+    PyErr_Clear();
+    s = map2_put(&g_operator_cache, ufunc, opclass * 2 + reflected);
+    if (s) s->a = found + 2;
+    return found;
 }
 
 static PyObject *g_ops_list = NULL; /* recorder.ops_by_index */
@@ -1581,6 +1580,7 @@ static PyObject *set_opcodes(PyObject *self, PyObject *arg) {
 
 static PyObject *set_operators(PyObject *self, PyObject *arg) {
     Py_XSETREF(g_operator_ops, Py_NewRef(arg));
+    map2_clear(&g_operator_cache, 0);
     Py_RETURN_NONE;
 }
 
