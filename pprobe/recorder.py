@@ -280,12 +280,9 @@ def _caller(framework: str = "") -> Any:
         if r is None:
             r = _is_internal(code)
         if not r:
-            key = (code, f.f_lineno)
-            k = _site_ids.get(key)
-            if k is None:
-                k = _site_ids[key] = len(sites)
-                sites.append(key)
-            return k
+            line = f.f_lineno
+            k = _site_ids.get((code, line))
+            return _site_id(code, line) if k is None else k
         if r is not True:
             if r is _IMPORT_FRAME or (first and r == framework):
                 return _NOT_A_ROW

@@ -58,27 +58,39 @@ def test_meta_says_which_engine_ran(tmp_path: Path, engine: str) -> None:
     assert not r.pprobe_lines()
 
 
-def test_a_missing_native_core_falls_back_with_one_line(tmp_path: Path) -> None:
-    # The extension cannot be imported (as without a compiler at install time).
+@pytest.mark.parametrize(
+    ("core_env", "setup", "why"),
+    [
+        # the extension cannot be imported (as without a compiler at install time)
+        ("native", 'sys.modules["pprobe._native"] = None', "not built"),
+        # a core built from other sources than this Python side (an old build in the tree)
+        ("auto", 'sys.modules["pprobe._native"] = types.ModuleType("x"); '
+                 'sys.modules["pprobe._native"].API = 0', "out of date"),
+    ],
+    ids=["missing", "out-of-date"],
+)  # fmt: skip
+def test_a_native_core_that_cannot_run_falls_back_with_one_line(
+    tmp_path: Path, core_env: str, setup: str, why: str
+) -> None:
     r = run_script(
         tmp_path,
-        """
-        import sys
-        sys.modules["pprobe._native"] = None  # import fails: ImportError
+        f"""
+        import sys, types
+        {setup}
         import pprobe, numpy as np
         pprobe.enable(mode="log")
         print(np.multiply(np.arange(4), 2).tolist())
         pprobe.disable()
         """,
-        env={"PPROBE_CORE": "native"},
+        env={"PPROBE_CORE": core_env},
         probe=False,
     ).check()
     assert r.out.strip() == "[0, 2, 4, 6]"
     lines = r.pprobe_lines()
-    assert len(lines) == 1 and "Python engine" in lines[0] and "not built" in lines[0], lines
+    assert len(lines) == 1 and "Python engine" in lines[0] and why in lines[0], lines
     m = meta(r.run_dir)
     assert m["core"]["engine"] == "python"
-    assert "not built" in m["core"]["reason"]
+    assert why in m["core"]["reason"]
     assert [o["op"] for o in ops(r.run_dir)] == [
         "numpy.arange", "numpy.multiply", "numpy.ndarray.tolist"
     ]  # fmt: skip
@@ -213,27 +225,3 @@ def test_a_batch_without_arrays(buf: object, tmp_path: Path) -> None:
         o, t = w._to_batches(*buf.take())  # type: ignore[attr-defined]
     assert [(r["op"], r["args"]) for r in o.to_pylist()] == [("test.noarrays", "0='x'")]
     assert t.num_rows == 0
-
-
-def test_an_out_of_date_native_core_falls_back(tmp_path: Path) -> None:
-    # A core built from other sources than this Python side (an old build in the tree).
-    r = run_script(
-        tmp_path,
-        """
-        import sys, types
-        stale = types.ModuleType("pprobe._native")
-        stale.API = 0
-        sys.modules["pprobe._native"] = stale
-        import pprobe, numpy as np
-        pprobe.enable(mode="log")
-        print(np.add(np.ones(2), 1).tolist())
-        pprobe.disable()
-        """,
-        env={"PPROBE_CORE": "auto"},
-        probe=False,
-    ).check()
-    assert r.out.strip() == "[2.0, 2.0]"
-    (line,) = r.pprobe_lines()
-    assert "Python engine" in line and "out of date" in line
-    assert meta(r.run_dir)["core"]["engine"] == "python"
-    assert [o["op"] for o in ops(r.run_dir)] == ["numpy.ones", "numpy.add", "numpy.ndarray.tolist"]

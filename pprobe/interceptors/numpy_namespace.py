@@ -303,18 +303,15 @@ _full = False  # NumPy's objects stay in place (see the module docstring)
 _dispatcher_orig_call: Any = None
 _ufunc_orig_call: Any = None
 _ufunc_orig_methods: dict[str, Any] = {}
-#: id(ufunc or dispatcher) -> (runner, op, bound original call, the object itself)
-_targets: dict[int, tuple[Any, recorder.Op, Any, Any]] = {}
+#: id(ufunc or dispatcher) -> (op, bound original call (None with the native engine, which
+#: keeps it in C), the object itself). A helper of HIDDEN has a hidden op: call() hides it.
+_targets: dict[int, tuple[recorder.Op, Any, Any]] = {}
 #: ufunc method name -> {id(ufunc): (op, bound original method)}
 _method_targets: dict[str, dict[int, tuple[recorder.Op, Any]]] = {m: {} for m in _UFUNC_METHODS}
 #: Python functions whose code was swapped: (function, original code, had __signature__)
 _swapped: list[tuple[types.FunctionType, types.CodeType, bool]] = []
 _swapped_ids: set[int] = set()
 _CO_NOT_PLAIN = 0x20 | 0x80 | 0x100 | 0x200  # generator, coroutine, iterable coro, async gen
-
-
-def _run_hidden(op: recorder.Op, fn: Any, args: tuple, kwargs: dict) -> Any:
-    return _hidden(fn, args, kwargs)
 
 
 def _make_call(orig_call: Any) -> Any:
@@ -325,7 +322,7 @@ def _make_call(orig_call: Any) -> Any:
         t = _targets.get(id(self))
         if t is None:  # not a public NumPy callable (SciPy's ufuncs, NumPy's private ones)
             return orig_call(self, *args, **kwargs)
-        return t[0](t[1], t[2], args, kwargs)
+        return _call(t[0], t[1], args, kwargs)
 
     return __call__
 
@@ -407,36 +404,30 @@ def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | No
         return 0
     name = f"{public}.{attr}"
     if isinstance(obj, np.ufunc):
-        if _native is not None:
-            op = recorder.op(name, "ufunc", "numpy", obj.__name__, hidden=hidden)
-            _native.hook(obj, op.index)
-            _targets[key] = (None, op, None, obj)
-            for m in _UFUNC_METHODS:
-                mop = recorder.op(f"{name}.{m}", f"ufunc.{m}", "numpy", obj.__name__)
-                _native_method_ops[m][obj] = mop.index
-            return 1
-        op = recorder.op(name, "ufunc", "numpy", obj.__name__)
-        _targets[key] = (_run_hidden if hidden else _call, op, _ufunc_orig_call.__get__(obj), obj)
+        op = recorder.op(name, "ufunc", "numpy", obj.__name__, hidden=hidden)
         for m in _UFUNC_METHODS:
             mop = recorder.op(f"{name}.{m}", f"ufunc.{m}", "numpy", obj.__name__)
-            _method_targets[m][key] = (mop, _ufunc_orig_methods[m].__get__(obj))
-        return 1
-    if isinstance(obj, _dispatcher_type):
-        if _native is not None:
-            op = recorder.op(name, "function", "numpy", hidden=hidden)
-            _native.hook(obj, op.index)
-            _targets[key] = (None, op, None, obj)
-            return 1
-        op = recorder.op(name, "function", "numpy")
-        bound = _dispatcher_orig_call.__get__(obj)
-        _targets[key] = (_run_hidden if hidden else _call, op, bound, obj)
-        return 1
-    if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
-        # NumPy's own code calling them is hidden by the recorder anyway: a hidden helper
-        # (np.seterr, np.printoptions) needs nothing.
-        if hidden or _swap_code(obj, recorder.op(name, "function", "numpy")):
-            return 0 if hidden else 1
-    return None
+            if _native is not None:
+                _native_method_ops[m][obj] = mop.index
+            else:
+                _method_targets[m][key] = (mop, _ufunc_orig_methods[m].__get__(obj))
+        orig_call = _ufunc_orig_call
+    elif isinstance(obj, _dispatcher_type):
+        op = recorder.op(name, "function", "numpy", hidden=hidden)
+        orig_call = _dispatcher_orig_call
+    else:
+        if isinstance(obj, types.FunctionType) and (obj.__module__ or "").startswith("numpy"):
+            # NumPy's own code calling them is hidden by the recorder anyway: a hidden helper
+            # (np.seterr, np.printoptions) needs nothing.
+            if hidden or _swap_code(obj, recorder.op(name, "function", "numpy")):
+                return 0 if hidden else 1
+        return None
+    if _native is not None:
+        _native.hook(obj, op.index)  # its own vectorcall pointer now reaches the core
+        _targets[key] = (op, None, obj)
+    else:
+        _targets[key] = (op, orig_call.__get__(obj), obj)
+    return 1
 
 
 def _install_full() -> None:

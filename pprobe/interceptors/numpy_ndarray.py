@@ -212,10 +212,10 @@ POWER_UFUNCS = ("power", "square", "sqrt", "reciprocal", "positive")
 
 def opcode_table() -> bytes:
     """The operator class (K_*) of each (opcode << 8 | oparg) of this interpreter."""
-    import dis
+    import opcode  # what dis reads its tables from, without dis's own imports
 
     t = bytearray(65536)
-    opmap = dis.opmap
+    opmap = opcode.opmap
 
     def fill(name: str, k: int, arg: int | None = None) -> None:
         code = opmap.get(name)
@@ -225,12 +225,7 @@ def opcode_table() -> bytes:
             t[code << 8 | a] = k
 
     if "BINARY_OP" in opmap:  # 3.11+: one opcode, the operator in its oparg
-        nb_ops = getattr(dis, "_nb_ops", None)
-        if nb_ops is None:
-            import opcode
-
-            nb_ops = opcode._nb_ops  # type: ignore[attr-defined]
-        for i, (name, _sym) in enumerate(nb_ops):
+        for i, (name, _sym) in enumerate(opcode._nb_ops):  # type: ignore[attr-defined]
             fill("BINARY_OP", K_INPLACE if "INPLACE" in name else K_BINARY, i)
     for name in opmap:
         if name.startswith("BINARY_") and name not in (
