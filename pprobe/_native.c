@@ -1057,15 +1057,24 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
         /* outputs */
         int r = describe_np(&ds, result, s_output, s_idx0, seq);
         if (r < 0) goto fail_after;
+        int python_outputs = 0;
         if (r == 0 && (PyTuple_CheckExact(result) || PyList_CheckExact(result))) {
-            Py_ssize_t n = PySequence_Fast_GET_SIZE(result);
+            Py_ssize_t n = PySequence_Fast_GET_SIZE(result), n0 = ds.n;
             PyObject **items = PySequence_Fast_ITEMS(result);
             for (Py_ssize_t j = 0; j < n && j < 1024; j++) {
-                if (describe_np(&ds, items[j], s_output, idx_sid(j), seq) < 0) goto fail_after;
+                int re = describe_np(&ds, items[j], s_output, idx_sid(j), seq);
+                if (re < 0) goto fail_after;
+                if (re == 0 && np_ndarray && PyObject_TypeCheck(items[j], np_ndarray)) {
+                    ds.n = n0; /* an array the core does not describe (deep): Python does */
+                    python_outputs = 1;
+                    break;
+                }
             }
-        } else if (r == 0 && result != Py_None && !PyFloat_CheckExact(result) &&
-                   !PyLong_CheckExact(result) && !PyBool_Check(result) &&
-                   !PyUnicode_CheckExact(result)) {
+        }
+        if (python_outputs ||
+            (r == 0 && !PyTuple_CheckExact(result) && !PyList_CheckExact(result) &&
+             result != Py_None && !PyFloat_CheckExact(result) && !PyLong_CheckExact(result) &&
+             !PyBool_Check(result) && !PyUnicode_CheckExact(result))) {
             /* another kind of result: the Python side describes it */
             PyObject *sq = PyLong_FromLongLong(seq);
             PyObject *o = sq ? PyObject_CallFunctionObjArgs(py_outputs, sq, result, NULL) : NULL;
@@ -1080,6 +1089,13 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
                 goto fail_after;
             }
             Py_ssize_t k = PyBytes_GET_SIZE(b) / sizeof(DescRec);
+            if (ds.nobj + PyTuple_GET_SIZE(objs) > 15) {
+                /* more objects than a row keeps (one slot stays for the args): the records
+                 * would point past them; the row is dropped and the failure reported */
+                Py_DECREF(o);
+                PyErr_SetString(PyExc_OverflowError, "an output needs more than 15 objects");
+                goto fail_after;
+            }
             int32_t base = (int32_t)ds.nobj;
             for (Py_ssize_t j = 0; j < k; j++) {
                 DescRec *dr = descs_add(&ds);
@@ -1093,7 +1109,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
                 if (dr->note >= 0) dr->note += base;
                 if (dr->shape_ref >= 0) dr->shape_ref += base;
             }
-            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(objs) && ds.nobj < 15; j++) {
+            for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(objs); j++) {
                 ds.objs[ds.nobj++] = Py_NewRef(PyTuple_GET_ITEM(objs, j));
             }
             Py_DECREF(o);

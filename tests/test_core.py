@@ -225,3 +225,20 @@ def test_a_batch_without_arrays(buf: object, tmp_path: Path) -> None:
         o, t = w._to_batches(*buf.take())  # type: ignore[attr-defined]
     assert [(r["op"], r["args"]) for r in o.to_pylist()] == [("test.noarrays", "0='x'")]
     assert t.num_rows == 0
+
+
+def test_deep_arrays_among_outputs_are_described(tmp_path: Path) -> None:
+    # 1-D inputs, 9-dimensional outputs in a list: past the records' inline shape
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        grids = np.meshgrid(*[np.arange(2)] * 9)
+        print(len(grids), grids[0].ndim)
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.split() == ["9", "9"]
+    (row,) = ops(r.run_dir, "op = 'numpy.meshgrid'")
+    outs = tensors(r.run_dir, f"seq = {row['seq']} and role = 'output'")
+    assert [(t["idx"], t["shape"]) for t in outs] == [(str(i), [2] * 9) for i in range(9)]
