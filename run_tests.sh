@@ -17,8 +17,8 @@ echo "== mypy"
 "$PY" -m mypy
 # The suite runs once per recording engine (pprobe/core.py): the native core, then its
 # pure-Python twin. Extra arguments go to both runs.
-"$PY" -c "import pprobe._native" 2>/dev/null || {
-  echo "the native core (pprobe/_native.c) did not build: is a C compiler installed?" >&2
+"$PY" -c "import pprobe._native, pprobe._dumpio" 2>/dev/null || {
+  echo "the native modules (pprobe/_native.c, pprobe/_dumpio.c) did not build: is a C compiler installed?" >&2
   exit 1
 }
 rc=0

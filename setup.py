@@ -1,7 +1,8 @@
-"""Builds pprobe's optional native recording core (pprobe/_native.c) with the system compiler.
+"""Builds pprobe's optional native modules with the system compiler: the recording core
+(pprobe/_native.c) and the dump writer and statistics (pprobe/_dumpio.c).
 
 ``optional=True``: without a compiler, or on an interpreter the core does not support, the
-install still succeeds and pprobe runs its pure-Python engine (pprobe/core.py says why).
+install still succeeds and pprobe runs its pure-Python twins (pprobe/core.py says why).
 Everything else about the package is declared in pyproject.toml.
 """
 
@@ -14,6 +15,13 @@ setup(
             ["pprobe/_native.c"],
             optional=True,
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wno-missing-field-initializers"],
-        )
+        ),
+        Extension(
+            "pprobe._dumpio",
+            ["pprobe/_dumpio.c"],
+            optional=True,
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-pthread"],
+            extra_link_args=["-pthread"],
+        ),
     ]
 )

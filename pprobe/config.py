@@ -21,6 +21,7 @@ from typing import Any
 
 MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
+DUMP_FULL = ("wait", "skip")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
@@ -204,6 +205,22 @@ SETTINGS: tuple[Setting, ...] = (
         "logging goes on.",
     ),
     Setting(
+        "dump_queue",
+        "PPROBE_DUMP_QUEUE",
+        256 * 1024**2,
+        _size,
+        "Memory for dumps waiting to be written (copies of the values at call time). A "
+        "writer thread empties it off the program's threads.",
+    ),
+    Setting(
+        "dump_full",
+        "PPROBE_DUMP_FULL",
+        "wait",
+        _choice(DUMP_FULL),
+        "When the dump queue is full: wait (the recording thread waits for room; every dump "
+        "is kept) or skip (that dump is not written; its row says why).",
+    ),
+    Setting(
         "include",
         "PPROBE_INCLUDE",
         (),
@@ -331,6 +348,8 @@ class Config:
     mode: str = "dump"
     output: str = "np_op_dumps"
     budget: int = 1024**3
+    dump_queue: int = 256 * 1024**2
+    dump_full: str = "wait"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     every: int = 1

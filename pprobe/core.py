@@ -66,6 +66,34 @@ def fall_back(reason: str) -> None:
     native, ENGINE, REASON, FELL_BACK = None, "python", reason, True
 
 
+#: The interface version this Python side expects of pprobe/_dumpio.c (DUMPIO_API).
+DUMPIO_API = 1
+_dumpio_mod: Any = False  # not looked for yet
+
+
+def dumpio() -> ModuleType | None:
+    """The native dump writer and statistics (pprobe/_dumpio.c), or None: their Python twins.
+
+    Looked for the first time dump or stats mode needs it; PPROBE_CORE=python means the twins.
+    """
+    global _dumpio_mod
+    if _dumpio_mod is False:
+        _dumpio_mod = None
+        if os.environ.get("PPROBE_CORE", "auto").strip().lower() != "python":
+            try:
+                from . import _dumpio as mod
+
+                if getattr(mod, "API", None) == DUMPIO_API:
+                    _dumpio_mod = mod
+            except ImportError:
+                pass
+    return _dumpio_mod  # type: ignore[no-any-return]
+
+
 def facts() -> dict[str, Any]:
-    """What meta.json says about the engine."""
-    return {"engine": ENGINE, "reason": REASON}
+    """What meta.json says about the engines: the recording core, and the dump writer and
+    statistics (``dumps``: native or python, once dump or stats mode has used them)."""
+    out: dict[str, Any] = {"engine": ENGINE, "reason": REASON}
+    if _dumpio_mod is not False:
+        out["dumps"] = "native" if _dumpio_mod is not None else "python"
+    return out

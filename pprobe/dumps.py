@@ -1,79 +1,392 @@
-"""Writing .npy dumps of op inputs and outputs within the run's byte budget.
+"""Writing .npy dumps of op inputs and outputs, off the program's threads, within the budget.
 
 Names: ``op_{op}_input{i}_{prefix}.npy`` / ``op_{op}_output{j}_{prefix}.npy`` (``output`` alone
-when the op has one output), ``prefix`` = ``{pid}-{seq}``: unique per call and process.
+when the op has one output), ``prefix`` = ``{pid}-{seq}``: unique per call and process. Every
+part of a name is sanitised (``[A-Za-z0-9._-]``), and a name longer than 200 bytes is cut with
+a hash of the whole, so no name can leave the run folder or fail for its length.
 
-Every file is written under a hidden temporary name and renamed into place, so no half-written
-.npy is ever visible. Nothing is pickled: ``allow_pickle=False``.
+The recording thread pays for the copy of the bytes (the values at call time) and a few
+microseconds: :class:`Dumper` builds the .npy header, hashes the content, reserves the bytes in
+the budget and hands the copy to a queue. A writer thread empties the queue: it creates each
+file under a hidden temporary name relative to the run folder's descriptor
+(``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600), writes it and renames it into place, so no
+half-written .npy is ever visible under its name. The native writer (pprobe/_dumpio.c) runs
+without the GIL, so a busy program cannot starve it; its Python twin (:class:`PyQueue`) is the
+fallback. The log writer waits for the dumps a batch's rows point to before it writes the
+batch: after kill -9, every dump a row points to is complete.
 
-The budget is shared by all processes of a run without a server: the budget is cut into
-chunks, and a process takes a chunk by creating ``.budget/{k}`` with O_EXCL (atomic on POSIX
-file systems). Once a dump does not fit in what a process holds and no chunk is left, dumping
-stops for good in that process, and ``.budget/exhausted`` tells the others.
+The queue's memory is bounded (``PPROBE_DUMP_QUEUE``). When it is full the recording thread
+waits for room (``PPROBE_DUMP_FULL=wait``, the default) or skips that dump and says so in the
+row (``skip``). An array larger than the whole queue is written once the queue is empty.
+
+The same content dumped again (same dtype, shape and bytes: a 128-bit content hash) becomes a
+hard link to the first file: no bytes written, none taken from the budget.
+
+The budget is shared by all processes of a run without a server: it is cut into chunks, and a
+process takes a chunk by creating ``.budget/{k}`` with O_EXCL (atomic on POSIX file systems).
+Reservations are made under a lock before anything is queued, so the budget is a hard limit
+across threads and processes. One array larger than what is left is skipped (its row says
+why); dumping stops only when not even a small array fits, and ``.budget/exhausted`` tells the
+other processes.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import re
+import threading
+from array import array
+from collections import deque
 from typing import Any
 
 from . import _report
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-HEADER_BYTES = 128  # .npy header, counted against the budget
+NAME_MAX = 200  # bytes; file systems allow 255
+SMALL = 4096  # bytes: below this much budget left, dumping stops
+_DISK_FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def safe_name(op: str) -> str:
-    return _UNSAFE.sub("_", op)[:120] or "op"
+    """An op name as one safe file-name part."""
+    s = _UNSAFE.sub("_", op).strip(".")
+    return s[:120] or "op"
 
 
+_ops: dict[str, str] = {}  # op names -> their safe form
+_args: dict[str, str] = {}  # argument names (input0, output, a keyword) -> their safe form
+
+
+def _part(s: str, cache: dict[str, str], fn: Any) -> str:
+    p = cache.get(s)
+    if p is None:
+        p = fn(s)
+        if len(cache) < 65536:
+            cache[s] = p
+    return p
+
+
+def _safe_arg(s: str) -> str:
+    return _UNSAFE.sub("_", s)
+
+
+def file_name(op: str, which: str, prefix: str) -> str:
+    """``op_{op}_{which}_{prefix}.npy`` with every part sanitised; cut with a hash if long."""
+    name = (
+        f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_{_safe_arg(prefix)}.npy"
+    )
+    if len(name) > NAME_MAX:
+        h = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+        tail = f"_{_UNSAFE.sub('_', prefix)}.npy"
+        name = name[: NAME_MAX - len(tail) - 18] + "_" + h + tail
+        if len(name) > NAME_MAX:  # an absurd prefix
+            name = f"op_{h}.npy"
+    return name
+
+
+# ---------------------------------------------------------------------- .npy headers
+_MAGIC = b"\x93NUMPY"
+
+
+def npy_header(dtype: Any, shape: tuple) -> bytes:
+    """The .npy header np.save writes for a C-ordered array of ``dtype`` and ``shape``."""
+    from numpy.lib import format as npformat
+
+    d = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    text = "{" + "".join(f"{k!r}: {d[k]!r}, " for k in sorted(d)) + "}"
+    # The header is padded so that the data starts at a multiple of 64 bytes, plus a newline.
+    for version, fmt_len in (((1, 0), 2), ((2, 0), 4)):
+        try:
+            raw = text.encode("latin1")
+        except UnicodeEncodeError:
+            raw = text.encode("utf8")
+            version, fmt_len = (3, 0), 4
+        total = len(_MAGIC) + 2 + fmt_len + len(raw) + 1
+        raw += b" " * ((64 - total % 64) % 64) + b"\n"
+        if fmt_len == 2 and len(raw) >= 1 << 16:
+            continue
+        head = _MAGIC + bytes(version)
+        return head + len(raw).to_bytes(fmt_len, "little") + raw
+    raise ValueError("header too large")  # pragma: no cover - 4 GiB headers
+
+
+# ---------------------------------------------------------------------- the writers
+class _Count:
+    """An int attribute kept in the instance's ``array('q')``: no Python int stays referenced
+    between calls (NumPy's own tests count the references to small ints)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def __get__(self, obj: Any, tp: Any = None) -> int:
+        return obj._n[self.i]  # type: ignore[no-any-return]
+
+    def __set__(self, obj: Any, v: int) -> None:
+        obj._n[self.i] = v
+
+
+class PyQueue:
+    """The pure-Python twin of pprobe._dumpio's queue: the same calls, a Python thread."""
+
+    queued = _Count(0)
+    submitted = _Count(1)
+    completed = _Count(2)
+    files = _Count(3)
+    links = _Count(4)
+    failed = _Count(5)
+    written = _Count(6)
+    max = _Count(7)
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.jobs: deque = deque()
+        self._n = array("q", [0] * 8)  # the _Count attributes
+        self.max = 1
+        self.fails: list = []
+        self.thread: threading.Thread | None = None
+        self.stopping = False
+        self.dirfd = getattr(self, "dirfd", -1)
+
+    def open(self, dirfd: int, max_bytes: int) -> None:
+        self.dirfd = dirfd
+        self.max = max(1, max_bytes)
+
+    def _room(self, need: int) -> bool:
+        return not self.jobs or self.queued + need <= self.max
+
+    def submit(self, name: str, header: bytes, data: Any, link: str | None, wait: bool) -> bool:
+        if not name or "/" in name or (link is not None and "/" in link):
+            raise ValueError("a dump name is one non-empty path component")
+        payload = b"" if link is not None else header + (b"" if data is None else data.tobytes())
+        with self.cond:
+            if not self._room(len(payload)):
+                if not wait:
+                    return False
+                while not self._room(len(payload)) and self._alive():
+                    self.cond.wait(0.1)
+            self.jobs.append((name, link, payload))
+            self.queued += len(payload)
+            self.submitted += 1
+            if not self._alive():
+                self.stopping = False
+                self.thread = threading.Thread(target=self._run, name="pprobe-dumps", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+        return True
+
+    def _alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def _run(self) -> None:
+        from . import state
+
+        state.local.depth = state.INTERNAL
+        while True:
+            with self.cond:
+                while not self.jobs and not self.stopping:
+                    self.cond.wait()
+                if not self.jobs:
+                    return
+                name, link, payload = self.jobs[0]
+            err = None
+            try:
+                if link is not None:
+                    os.link(link, name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
+                else:
+                    _write_file(self.dirfd, name, payload)
+            except OSError as e:
+                err = e
+            with self.cond:
+                self.jobs.popleft()
+                self.queued -= len(payload)
+                self.completed += 1
+                if err is not None:
+                    self.failed += 1
+                    self.fails.append((name, err.errno or 0, err.strerror or str(err)))
+                elif link is not None:
+                    self.links += 1
+                else:
+                    self.files += 1
+                    self.written += len(payload)
+                self.cond.notify_all()
+
+    def ticket(self) -> int:
+        return self.submitted
+
+    def wait(self, ticket: int, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(
+                lambda: self.completed >= ticket or not self._alive(), timeout
+            ) and (self.completed >= ticket)
+
+    def failures(self) -> list:
+        with self.cond:
+            f, self.fails = self.fails, []
+        return f
+
+    def counters(self) -> tuple:
+        return (self.queued, self.submitted, self.completed, self.files, self.links, self.failed,
+                self.written)  # fmt: skip
+
+    def close(self, timeout: float) -> bool:
+        ok = self.wait(self.submitted, timeout)
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        return ok
+
+    @staticmethod
+    def digest(a: Any) -> bytes | None:
+        try:
+            if not (a.flags.c_contiguous or a.flags.f_contiguous):
+                return None
+            return hashlib.blake2b(a.data.cast("B"), digest_size=16).digest()
+        except (TypeError, ValueError, BufferError):
+            return None
+
+
+def _write_file(dirfd: int, name: str, data: bytes) -> None:
+    tmp = "." + name + ".tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600, dir_fd=dirfd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                if n == 0:
+                    raise OSError(28, "No space left on device")
+                view = view[n:]
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise
+
+
+class NativeQueue:
+    """pprobe._dumpio's queue (a native thread that never takes the GIL)."""
+
+    def __init__(self, mod: Any) -> None:
+        self.m = mod
+        self.open = mod.open
+        self.submit = mod.submit
+        self.ticket = mod.ticket
+        self.wait = mod.wait
+        self.failures = mod.failures
+        self.counters = mod.counters
+        self.close = mod.close
+
+    def digest(self, a: Any) -> bytes | None:
+        try:
+            return self.m.digest(a)  # type: ignore[no-any-return]
+        except (TypeError, ValueError, BufferError):
+            return None
+
+
+def _io() -> tuple[Any, str]:
+    """The dump writer this process runs, and which one (meta.json's ``core.dumps``)."""
+    from . import core
+
+    mod = core.dumpio()
+    if mod is not None:
+        return NativeQueue(mod), "native"
+    return PyQueue(), "python"
+
+
+# ---------------------------------------------------------------------- the dumper
 class Dumper:
-    def __init__(self, run_dir: str, budget: int) -> None:
+    held = _Count(0)  # bytes this process has reserved
+    used = _Count(1)  # bytes this process has queued (and, once written, on disk)
+    linked = _Count(2)  # dumps stored as hard links to an earlier file
+    skipped = _Count(3)  # dumps not written: too large for the budget left, queue full
+    next_k = _Count(4)  # the next budget chunk to try
+    errors = _Count(5)
+
+    def __init__(
+        self, run_dir: str, budget: int, queue_bytes: int = 256 << 20, when_full: str = "wait"
+    ) -> None:
         self.run_dir = run_dir
         self.budget = budget
         self.budget_dir = os.path.join(run_dir, ".budget")
         n_chunks = max(1, min(1024, budget // (1 << 20))) if budget > 0 else 0
         self.n_chunks = n_chunks
         self.chunk = budget // n_chunks if n_chunks else 0
-        self.held = 0  # bytes this process has reserved
-        self.used = 0  # bytes this process has written
-        self.files = 0
-        self.next_k = 0
+        self.queue_bytes = queue_bytes
+        self.wait_when_full = when_full != "skip"
+        self.lock = threading.Lock()
+        self.io, self.engine = _io()
+        self.dirfd = -1
+        self.failed: dict[str, str] = {}  # file name -> why it was not written
+        self.disk_full = ""  # why dumping stopped after a write failed for lack of space
+        self._reset()
         self.exhausted = budget <= 0
-        self.failed = False
-        self._format: Any = None
+
+    def _reset(self) -> None:
+        self._n = array("q", [0] * 6)  # the _Count attributes
+        self.seen: dict[Any, str] = {}  # (content hash, header) -> the first file's name
+        self._headers: dict[Any, bytes] = {}
 
     def after_fork(self) -> None:
-        """A forked child starts with no reserved bytes of its own."""
-        self.held = self.used = self.files = 0
+        """A forked child starts with no reserved bytes and no written files of its own."""
+        self.lock = threading.Lock()
+        self._reset()
+        self.failed = {}
+        self.disk_full = ""
+
+    def _open(self) -> bool:
+        if self.dirfd >= 0:
+            return True
+        flags = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+        self.dirfd = os.open(self.run_dir, flags)
+        self.io.open(self.dirfd, self.queue_bytes)
+        return True
 
     # ------------------------------------------------------------------ budget
     def _reserve(self, nbytes: int) -> bool:
-        try:
-            os.makedirs(self.budget_dir, exist_ok=True)
-            if os.path.exists(os.path.join(self.budget_dir, "exhausted")):
+        """Take ``nbytes`` from the budget (lock held). False: not that much is left."""
+        while self.used + nbytes > self.held:
+            if self.next_k >= self.n_chunks:
                 return False
-            while self.used + nbytes > self.held:
-                if self.next_k >= self.n_chunks:
-                    return False
-                path = os.path.join(self.budget_dir, str(self.next_k))
-                self.next_k += 1
-                try:
-                    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-                except FileExistsError:
-                    continue
-                self.held += self.chunk
-            return True
-        except OSError as e:
-            _report.internal_error("dump budget", e)
-            return False
+            if self.next_k == 0:
+                os.makedirs(self.budget_dir, mode=0o700, exist_ok=True)
+            if os.path.exists(os.path.join(self.budget_dir, "exhausted")):
+                self.next_k = self.n_chunks
+                return False
+            path = os.path.join(self.budget_dir, str(self.next_k))
+            self.next_k += 1
+            try:
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC
+                os.close(os.open(path, flags, 0o600))
+            except FileExistsError:
+                continue
+            self.held += self.chunk
+        self.used += nbytes
+        return True
 
     def _exhaust(self, nbytes: int) -> None:
         self.exhausted = True
         try:
-            with open(os.path.join(self.budget_dir, "exhausted"), "w") as f:
-                f.write(f"{os.getpid()} needed {nbytes} bytes\n")
+            flags = os.O_CREAT | os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC
+            fd = os.open(os.path.join(self.budget_dir, "exhausted"), flags, 0o600)
+            try:
+                os.write(fd, f"{os.getpid()} needed {nbytes} bytes\n".encode())
+            finally:
+                os.close(fd)
         except OSError:
             pass
         _report.warn_once(
@@ -82,47 +395,118 @@ class Dumper:
             "logging goes on.",
         )
 
+    def _header(self, a: Any) -> bytes:
+        # Keyed by texts: the cache must hold no dtype object and no small int (NumPy's own
+        # tests count their references).
+        from .interceptors.numpy_arrays import dtype_name  # numpy is imported by now
+
+        key = (dtype_name(a.dtype), repr(a.shape))
+        h = self._headers.get(key)
+        if h is None:
+            h = npy_header(a.dtype, a.shape)
+            if len(self._headers) < 4096:
+                self._headers[key] = h
+        return h
+
     # ------------------------------------------------------------------ writing
     def dump(self, arr: Any, op: str, which: str, prefix: str) -> tuple[str | None, str | None]:
-        """Save ``arr`` (a numpy array); return (file name, note)."""
+        """Queue ``arr`` (a NumPy array) for writing; return (file name, note)."""
         if self.exhausted:
             return None, "not dumped: dump budget exhausted"
-        if self.failed:
-            return None, "not dumped: dump writing failed earlier (see meta.json)"
-        nbytes = int(arr.nbytes) + HEADER_BYTES
-        if not self._reserve(nbytes):
-            self._exhaust(nbytes)
-            return None, "not dumped: dump budget exhausted"
-        name = f"op_{safe_name(op)}_{which}_{prefix}.npy"
-        path = os.path.join(self.run_dir, name)
-        tmp = os.path.join(self.run_dir, "." + name + ".tmp")
+        if self.disk_full:
+            return None, self.disk_full
         try:
-            if self._format is None:
-                from numpy.lib import format as npformat
-
-                self._format = npformat
-            with open(tmp, "wb") as f:
-                self._format.write_array(f, arr, allow_pickle=False)
-            os.replace(tmp, path)
-        except Exception as e:  # disk full, unwritable dir, odd dtype
-            self.failed = True
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            return self._dump(arr, op, which, prefix)
+        except Exception as e:  # an unwritable folder, an odd dtype: this dump only
+            self.errors += 1
             _report.internal_error("writing dumps", e)
             return None, f"not dumped: {type(e).__name__}: {e}"[:200]
-        self.used += nbytes
-        self.files += 1
+
+    def _dump(self, a: Any, op: str, which: str, prefix: str) -> tuple[str | None, str | None]:
+        self._open()
+        name = file_name(op, which, prefix)
+        header = self._header(a)
+        if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
+            a = a.view("i8")
+        digest = self.io.digest(a) if a.nbytes >= 64 else None
+        key = (digest, header) if digest is not None else None
+        total = len(header) + int(a.nbytes)
+        with self.lock:
+            first = self.seen.get(key) if key is not None else None
+            if first is None and not self._reserve(total):
+                left = self.held - self.used + (self.n_chunks - self.next_k) * self.chunk
+                if left < SMALL or total <= SMALL:
+                    self._exhaust(total)
+                    return None, "not dumped: dump budget exhausted"
+                self.skipped += 1
+                return None, (
+                    f"not dumped: {total} bytes do not fit in the {left} bytes left of the dump "
+                    "budget (PPROBE_BUDGET)"
+                )
+            if first is not None:
+                self.linked += 1
+            elif key is not None:
+                if len(self.seen) >= 1 << 16:
+                    self.seen.clear()
+                self.seen[key] = name
+        if first is not None:
+            ok = self.io.submit(name, b"", None, first, self.wait_when_full)
+        else:
+            ok = self.io.submit(name, header, a, None, self.wait_when_full)
+        if not ok:
+            with self.lock:
+                if first is None:
+                    self.used -= total
+                    if key is not None and self.seen.get(key) == name:
+                        del self.seen[key]
+                else:
+                    self.linked -= 1
+                self.skipped += 1
+            return None, "not dumped: the dump queue is full (PPROBE_DUMP_FULL=skip)"
         return name, None
+
+    # ------------------------------------------------------------------ the log's side
+    def barrier(self, timeout: float = 60.0) -> dict[str, str]:
+        """Wait until every dump queued so far is written (the log writer calls this before it
+        writes a batch whose rows may point to them); return the names that failed, with why."""
+        if self.dirfd < 0:
+            return self.failed
+        ok = self.io.wait(self.io.ticket(), timeout)
+        if not ok:
+            _report.warn_once("dump-wait", f"dumps are still being written after {timeout} s")
+        self._collect()
+        return self.failed
+
+    def _collect(self) -> None:
+        for name, code, msg in self.io.failures():
+            self.failed[name] = f"not dumped: {msg}"
+            if code in _DISK_FULL and not self.disk_full:
+                # Every later dump would fail the same way: dumping stops, logging goes on.
+                self.disk_full = f"not dumped: {msg}; dumping stopped"
+            if not self.errors:  # once: later failures are counted in meta.json
+                _report.internal_error("writing dumps", OSError(code, msg, name))
+            self.errors += 1
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self.dirfd < 0:
+            return
+        self.io.close(timeout)
+        self._collect()
 
     def summary(self) -> dict[str, Any]:
         # The budget is the run's: another process of the run may have used it up.
         exhausted = self.exhausted or os.path.exists(os.path.join(self.budget_dir, "exhausted"))
+        queued, submitted, completed, files, links, failed, written = self.io.counters()
         return {
             "budget": self.budget,
-            "bytes_written": self.used,
-            "files": self.files,
+            "bytes_written": written,
+            "bytes_reserved": self.used,
+            "files": files,
+            "links": links,
+            "skipped": self.skipped,
+            "pending": submitted - completed,
+            "failed_files": failed,
             "exhausted": exhausted,
-            "failed": self.failed,
+            "failed": bool(self.errors),
+            "writer": self.engine,
         }

@@ -38,7 +38,11 @@ class Session:
         self.config = config
         self.run = Run.create_or_join(config)
         self.config = config = self.run.config if not self.run.root else config
-        self.dumper = Dumper(self.run.dir, config.budget) if config.mode == "dump" else None
+        self.dumper = (
+            Dumper(self.run.dir, config.budget, config.dump_queue, config.dump_full)
+            if config.mode == "dump"
+            else None
+        )
         self.writer = Writer(
             self.run.dir, self.run.id, self.run.host, config.flush_rows, config.flush_seconds
         )
@@ -107,6 +111,11 @@ class Session:
                     _report.internal_error(f"uninstalling the {fw} probe", e)
             self.installed.clear()
         self.writer.close()
+        if self.dumper is not None:
+            try:
+                self.dumper.close()
+            except Exception as e:
+                _report.internal_error("closing the dump writer", e)
         import time
 
         self.run.end = time.time()

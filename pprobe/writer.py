@@ -50,6 +50,7 @@ class Writer:
         self._ops_sids: tuple | None = None
         self._sites_sids: tuple = ((), ())
         self._args_cache: dict[Any, str] = {}
+        self._failed_dumps: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -109,6 +110,10 @@ class Writer:
             if not n:
                 return
             try:
+                # The rows may point to dumps still queued: wait until they are on disk, so
+                # that a row in the log never points to a file that is not (yet) there.
+                dumper = recorder._dumper
+                self._failed_dumps = dumper.barrier() if dumper is not None else {}
                 ops, tensors = self._to_batches(heads, descs, objs, n)
                 self._write("tensors", tensors)
                 self._write("ops", ops)
@@ -231,6 +236,8 @@ class Writer:
             elif isinstance(st, str):
                 notes[d] = st
         path_ref, note_ref = ds["path"], ds["note"]
+        dumper = recorder._dumper
+        failed = self._failed_dumps
         for d in np.flatnonzero(note_ref >= 0).tolist():
             notes[d] = objs[int(note_ref[d])]
         for d in np.flatnonzero(path_ref >= 0).tolist():
@@ -238,6 +245,11 @@ class Writer:
             if p.__class__ is not str:  # values.Lazy: a dump still being copied off a device
                 p, note2 = values.resolve(p, "deferred dump") or (None, "not dumped")
                 notes[d] = note2 or notes[d]
+                if p is not None and dumper is not None:
+                    failed = dumper.barrier()  # that dump was queued just now
+            if failed and p in failed:  # the dump writer could not write it
+                notes[d] = failed[p]
+                p = None
             paths[d] = p
         has_stats = stats_kind != records.STATS_NONE
         grad = ds["grad"]

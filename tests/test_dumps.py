@@ -181,14 +181,19 @@ def test_budget_stops_dumping_but_not_logging(tmp_path: Path) -> None:
     t = tensors(run_dir)
     files = list(run_dir.glob("*.npy"))
     assert 0 < len(files) < len(t)
-    assert sum(f.stat().st_size for f in files) <= budget
+    # Each output is the next input's content: stored once, as hard links to one file.
+    inodes = {f.stat().st_ino: f.stat().st_size for f in files}
+    assert len(inodes) < len(files)
+    assert sum(inodes.values()) <= budget
     dumped = [x["dump_path"] is not None for x in t]
     first_miss = dumped.index(False)
     assert not any(dumped[first_miss:])  # stops for good
     for x in t[first_miss:]:
         assert "budget" in x["note"]
     m = meta(run_dir)
-    assert m["dumps"]["exhausted"] is True and m["dumps"]["files"] == len(files)
+    assert m["dumps"]["exhausted"] is True
+    assert m["dumps"]["files"] == len(inodes)
+    assert m["dumps"]["files"] + m["dumps"]["links"] == len(files)
     assert any("PPROBE_BUDGET" in w for w in m["warnings"])
     lines = r.pprobe_lines()
     assert len(lines) == 1 and "PPROBE_BUDGET" in lines[0]
@@ -217,7 +222,10 @@ def test_budget_is_shared_by_the_processes_of_a_run(tmp_path: Path) -> None:
     ).check()
     run_dir = r.run_dir
     files = list(run_dir.glob("*.npy"))
-    assert sum(f.stat().st_size for f in files) <= budget
+    # np.copy's output has its input's content: one file, and a hard link to it
+    inodes = {f.stat().st_ino: f.stat().st_size for f in files}
+    assert len(inodes) < len(files)
+    assert sum(inodes.values()) <= budget
     pids = {int(f.name.rsplit("_", 1)[1].split("-")[0]) for f in files}
     assert len(pids) >= 2  # more than one process dumped
     t = tensors(run_dir)

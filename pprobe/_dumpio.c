@@ -1,0 +1,652 @@
+/* pprobe._dumpio: the native half of dump mode and statistics (pprobe/dumps.py, pprobe/stats.py
+ * hold the pure-Python twins with the same contract).
+ *
+ * - A dump queue: the program's thread copies the bytes it dumps (values at call time) into
+ *   one malloc'd block with the .npy header and queues it; a native thread, which never takes
+ *   the GIL, creates the file under a hidden temporary name relative to the run folder's
+ *   descriptor (O_CREAT|O_EXCL|O_NOFOLLOW, 0600), writes it and renames it into place. A dump
+ *   whose content was written before becomes a hard link to the first file. The queue's memory
+ *   is bounded; when it is full the caller waits (GIL released) or skips, as it asks.
+ * - A content hash (128 bits, two multiply-rotate lanes sets) to find repeated contents.
+ * - Statistics in one pass over memory for contiguous arrays of the common numeric types:
+ *   min, max, mean and std over finite values, NaN and inf counts. Blocks of 2048 values are
+ *   summed twice while they are in cache (mean, then squared deviations), and blocks are
+ *   combined with Chan's formula, so the result is as exact as a two-pass float64 reduction.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DUMPIO_API 1
+
+/* ------------------------------------------------------------------ the queue */
+typedef struct Job {
+    struct Job *next;
+    char *name;  /* final file name in the run folder */
+    char *link;  /* NULL: write data; else an existing file to hard-link */
+    char *data;  /* header + array bytes */
+    size_t len;
+} Job;
+
+typedef struct Failure {
+    struct Failure *next;
+    char *name;
+    int err;
+} Failure;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
+static Job *q_head = NULL, *q_tail = NULL;
+static size_t q_bytes = 0, q_max = 64u << 20;
+static uint64_t n_submitted = 0, n_completed = 0, n_files = 0, n_links = 0, n_failed = 0;
+static uint64_t bytes_written = 0;
+static int dirfd_ = -1;
+static int running = 0, stopping = 0;
+static pthread_t thread;
+static Failure *failures = NULL;
+
+static void free_job(Job *j) {
+    free(j->name);
+    free(j->link);
+    free(j->data);
+    free(j);
+}
+
+static int write_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Create `name` in the run folder with `data`: temporary name, then rename. 0 or an errno. */
+static int write_file(int dfd, const char *name, const char *data, size_t len) {
+    size_t nl = strlen(name);
+    char *tmp = malloc(nl + 6);
+    if (!tmp) return ENOMEM;
+    tmp[0] = '.';
+    memcpy(tmp + 1, name, nl);
+    memcpy(tmp + 1 + nl, ".tmp", 5);
+    int err = 0;
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        err = errno;
+    } else {
+        if (write_all(fd, data, len) < 0) err = errno;
+        if (close(fd) < 0 && !err) err = errno;
+        if (!err && renameat(dfd, tmp, dfd, name) < 0) err = errno;
+        if (err) unlinkat(dfd, tmp, 0);
+    }
+    free(tmp);
+    return err;
+}
+
+static void *worker(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (!q_head && !stopping) pthread_cond_wait(&cv_work, &mu);
+        if (!q_head) break; /* stopping and drained */
+        Job *j = q_head;
+        int dfd = dirfd_;
+        pthread_mutex_unlock(&mu);
+        int err;
+        if (j->link)
+            err = linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0;
+        else
+            err = write_file(dfd, j->name, j->data, j->len);
+        pthread_mutex_lock(&mu);
+        q_head = j->next;
+        if (!q_head) q_tail = NULL;
+        q_bytes -= j->len;
+        n_completed++;
+        if (err) {
+            n_failed++;
+            Failure *f = malloc(sizeof(Failure));
+            if (f) {
+                f->name = j->name;
+                j->name = NULL;
+                f->err = err;
+                f->next = failures;
+                failures = f;
+            }
+        } else if (j->link) {
+            n_links++;
+        } else {
+            n_files++;
+            bytes_written += j->len;
+        }
+        pthread_cond_broadcast(&cv_done);
+        free_job(j);
+    }
+    running = 0;
+    pthread_cond_broadcast(&cv_done);
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+/* with mu held */
+static int ensure_thread(void) {
+    if (running) return 0;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    stopping = 0;
+    int rc = pthread_create(&thread, &attr, worker, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc) return rc;
+    running = 1;
+    return 0;
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+static void atfork_child(void) {
+    /* The parent's jobs are the parent's: the child starts with an empty queue and no thread
+     * (one starts at its first dump). */
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv_work, NULL);
+    pthread_cond_init(&cv_done, NULL);
+    Job *j = q_head;
+    while (j) {
+        Job *n = j->next;
+        free_job(j);
+        j = n;
+    }
+    Failure *f = failures;
+    while (f) {
+        Failure *n = f->next;
+        free(f->name);
+        free(f);
+        f = n;
+    }
+    failures = NULL;
+    q_head = q_tail = NULL;
+    q_bytes = 0;
+    n_submitted = n_completed = n_files = n_links = n_failed = bytes_written = 0;
+    running = stopping = 0;
+}
+
+static char *dup_utf8(PyObject *s) {
+    Py_ssize_t n;
+    const char *c = PyUnicode_AsUTF8AndSize(s, &n);
+    if (!c) return NULL;
+    if ((Py_ssize_t)strlen(c) != n || !n || memchr(c, '/', (size_t)n)) {
+        PyErr_SetString(PyExc_ValueError, "a dump name is one non-empty path component");
+        return NULL;
+    }
+    char *d = malloc((size_t)n + 1);
+    if (!d) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(d, c, (size_t)n + 1);
+    return d;
+}
+
+/* open(dirfd, max_bytes): the run folder's descriptor (duplicated) and the queue's memory */
+static PyObject *dq_open(PyObject *self, PyObject *args) {
+    int fd;
+    Py_ssize_t maxb;
+    if (!PyArg_ParseTuple(args, "in", &fd, &maxb)) return NULL;
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return PyErr_SetFromErrno(PyExc_OSError);
+    pthread_mutex_lock(&mu);
+    int old = dirfd_;
+    dirfd_ = d;
+    q_max = maxb > 0 ? (size_t)maxb : 1;
+    pthread_mutex_unlock(&mu);
+    if (old >= 0) close(old);
+    Py_RETURN_NONE;
+}
+
+/* with mu held: queue j (the thread is started if needed); 0 or an errno */
+static int enqueue(Job *j) {
+    int rc = ensure_thread();
+    if (rc) return rc;
+    if (q_tail)
+        q_tail->next = j;
+    else
+        q_head = j;
+    q_tail = j;
+    q_bytes += j->len;
+    n_submitted++;
+    pthread_cond_signal(&cv_work);
+    return 0;
+}
+
+static inline int has_room(size_t need) { return !q_head || q_bytes + need <= q_max; }
+
+/* submit(name, header: bytes, data: buffer | None, link: str | None, wait: bool) -> bool
+ * Queue one file. data's bytes are copied now (C order). False: the queue is full and
+ * wait is false (nothing queued). A job larger than the queue is taken when the queue is
+ * empty, so memory stays within max(queue size, one array). */
+static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 5 || !PyUnicode_Check(a[0]) || !PyBytes_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "submit(name, header, data, link, wait)");
+        return NULL;
+    }
+    int wait = PyObject_IsTrue(a[4]);
+    if (wait < 0) return NULL;
+    Job *j = calloc(1, sizeof(Job));
+    if (!j) return PyErr_NoMemory();
+    j->name = dup_utf8(a[0]);
+    if (!j->name) goto fail;
+    if (a[3] != Py_None) {
+        if (!PyUnicode_Check(a[3])) {
+            PyErr_SetString(PyExc_TypeError, "link: str or None");
+            goto fail;
+        }
+        j->link = dup_utf8(a[3]);
+        if (!j->link) goto fail;
+    } else {
+        Py_buffer view;
+        int have = 0;
+        Py_ssize_t hl = PyBytes_GET_SIZE(a[1]);
+        size_t dl = 0;
+        if (a[2] != Py_None) {
+            if (PyObject_GetBuffer(a[2], &view, PyBUF_STRIDES) < 0) goto fail;
+            have = 1;
+            dl = (size_t)view.len;
+        }
+        j->len = (size_t)hl + dl;
+        j->data = malloc(j->len ? j->len : 1);
+        if (!j->data) {
+            if (have) PyBuffer_Release(&view);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        memcpy(j->data, PyBytes_AS_STRING(a[1]), (size_t)hl);
+        if (have) {
+            int rc = PyBuffer_IsContiguous(&view, 'C')
+                         ? (memcpy(j->data + hl, view.buf, dl), 0)
+                         : PyBuffer_ToContiguous(j->data + hl, &view, view.len, 'C');
+            PyBuffer_Release(&view);
+            if (rc < 0) goto fail;
+        }
+    }
+    /* mu is never held while the GIL is being taken: the slow path releases the GIL first */
+    int rc = 0, queued = 0, closed = 0;
+    pthread_mutex_lock(&mu);
+    if (dirfd_ < 0) {
+        closed = 1;
+    } else if (has_room(j->len)) {
+        rc = enqueue(j);
+        queued = !rc;
+    }
+    pthread_mutex_unlock(&mu);
+    if (!closed && !queued && !rc && wait) {
+        Py_BEGIN_ALLOW_THREADS;
+        pthread_mutex_lock(&mu);
+        while (!has_room(j->len) && running) pthread_cond_wait(&cv_done, &mu);
+        rc = enqueue(j);
+        queued = !rc;
+        pthread_mutex_unlock(&mu);
+        Py_END_ALLOW_THREADS;
+    }
+    if (closed) {
+        PyErr_SetString(PyExc_RuntimeError, "the dump queue is not open");
+        goto fail;
+    }
+    if (rc) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto fail;
+    }
+    if (!queued) {
+        free_job(j);
+        Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+fail:
+    free_job(j);
+    return NULL;
+}
+
+/* ticket() -> the number of jobs submitted so far */
+static PyObject *dq_ticket(PyObject *self, PyObject *unused) {
+    pthread_mutex_lock(&mu);
+    uint64_t t = n_submitted;
+    pthread_mutex_unlock(&mu);
+    return PyLong_FromUnsignedLongLong(t);
+}
+
+/* wait(ticket, timeout_s) -> bool: every job up to ticket is done (GIL released meanwhile) */
+static PyObject *dq_wait(PyObject *self, PyObject *args) {
+    unsigned long long ticket;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "Kd", &ticket, &timeout)) return NULL;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = floor(timeout);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((timeout - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS;
+    pthread_mutex_lock(&mu);
+    while (n_completed < ticket && running)
+        if (pthread_cond_timedwait(&cv_done, &mu, &until) == ETIMEDOUT) break;
+    ok = n_completed >= ticket;
+    pthread_mutex_unlock(&mu);
+    Py_END_ALLOW_THREADS;
+    return PyBool_FromLong(ok);
+}
+
+/* failures() -> [(name, errno, message)], cleared */
+static PyObject *dq_failures(PyObject *self, PyObject *unused) {
+    pthread_mutex_lock(&mu);
+    Failure *f = failures;
+    failures = NULL;
+    pthread_mutex_unlock(&mu);
+    PyObject *out = PyList_New(0);
+    while (f) {
+        Failure *next = f->next;
+        if (out) {
+            PyObject *t = Py_BuildValue("(sis)", f->name, f->err, strerror(f->err));
+            if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+            Py_XDECREF(t);
+        }
+        free(f->name);
+        free(f);
+        f = next;
+    }
+    return out;
+}
+
+/* counters() -> (queued bytes, submitted, completed, files, links, failed, bytes written) */
+static PyObject *dq_counters(PyObject *self, PyObject *unused) {
+    pthread_mutex_lock(&mu);
+    PyObject *r = Py_BuildValue("(nKKKKKK)", (Py_ssize_t)q_bytes, n_submitted, n_completed,
+                                n_files, n_links, n_failed, bytes_written);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* close(timeout_s) -> bool: drain the queue, stop the thread, close the folder descriptor */
+static PyObject *dq_close(PyObject *self, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout)) return NULL;
+    PyObject *t = dq_ticket(self, NULL);
+    if (!t) return NULL;
+    PyObject *wargs = Py_BuildValue("(Od)", t, timeout);
+    Py_DECREF(t);
+    if (!wargs) return NULL;
+    PyObject *ok = dq_wait(self, wargs);
+    Py_DECREF(wargs);
+    if (!ok) return NULL;
+    pthread_mutex_lock(&mu);
+    stopping = 1;
+    pthread_cond_broadcast(&cv_work);
+    pthread_mutex_unlock(&mu);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ content hash */
+static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+static inline uint64_t rd64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+#define P1 0x9E3779B185EBCA87ULL
+#define P2 0xC2B2AE3D27D4EB4FULL
+#define P3 0x165667B19E3779F9ULL
+#define P4 0x85EBCA77C2B2AE63ULL
+#define P5 0x27D4EB2F165667C5ULL
+
+static inline uint64_t round64(uint64_t acc, uint64_t in) {
+    acc += in * P2;
+    acc = rotl(acc, 31);
+    return acc * P1;
+}
+static inline uint64_t avalanche(uint64_t h) {
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    h *= P3;
+    h ^= h >> 32;
+    return h;
+}
+
+/* Two XXH64-style digests of the same bytes with different seeds and lane orders: 128 bits. */
+static void hash128(const unsigned char *p, size_t n, uint64_t out[2]) {
+    uint64_t a[4] = {P1 + P2, P2, 0, (uint64_t)0 - P1};
+    uint64_t b[4] = {P3, P4 ^ 0x5bd1e995u, P5, P1 ^ 0x2545F4914F6CDD1DULL};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        uint64_t w0 = rd64(p + i), w1 = rd64(p + i + 8), w2 = rd64(p + i + 16),
+                 w3 = rd64(p + i + 24);
+        a[0] = round64(a[0], w0);
+        a[1] = round64(a[1], w1);
+        a[2] = round64(a[2], w2);
+        a[3] = round64(a[3], w3);
+        b[0] = round64(b[0], w3);
+        b[1] = round64(b[1], w0);
+        b[2] = round64(b[2], w1);
+        b[3] = round64(b[3], w2);
+    }
+    uint64_t ha = rotl(a[0], 1) + rotl(a[1], 7) + rotl(a[2], 12) + rotl(a[3], 18);
+    uint64_t hb = rotl(b[0], 1) + rotl(b[1], 7) + rotl(b[2], 12) + rotl(b[3], 18);
+    for (int k = 0; k < 4; k++) {
+        ha = (ha ^ round64(0, a[k])) * P1 + P4;
+        hb = (hb ^ round64(0, b[k])) * P1 + P4;
+    }
+    ha += (uint64_t)n;
+    hb += (uint64_t)n * P5;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = rd64(p + i);
+        ha = rotl(ha ^ round64(0, w), 27) * P1 + P4;
+        hb = rotl(hb ^ round64(P5, w), 29) * P2 + P3;
+    }
+    for (; i < n; i++) {
+        ha = rotl(ha ^ (p[i] * P5), 11) * P1;
+        hb = rotl(hb ^ (p[i] * P1), 13) * P2;
+    }
+    out[0] = avalanche(ha);
+    out[1] = avalanche(hb ^ out[0]);
+}
+
+/* digest(buffer) -> 16 bytes, or None when the buffer is not contiguous */
+static PyObject *py_digest(PyObject *self, PyObject *obj) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_STRIDES) < 0) return NULL;
+    if (!PyBuffer_IsContiguous(&v, 'A')) {
+        PyBuffer_Release(&v);
+        Py_RETURN_NONE;
+    }
+    uint64_t h[2];
+    if (v.len > (1 << 20)) {
+        Py_BEGIN_ALLOW_THREADS;
+        hash128((const unsigned char *)v.buf, (size_t)v.len, h);
+        Py_END_ALLOW_THREADS;
+    } else {
+        hash128((const unsigned char *)v.buf, (size_t)v.len, h);
+    }
+    PyBuffer_Release(&v);
+    return PyBytes_FromStringAndSize((const char *)h, 16);
+}
+
+/* ------------------------------------------------------------------ statistics */
+typedef struct {
+    double n, mean, m2, mn, mx;
+    int64_t nan, inf;
+} Acc;
+
+static inline void acc_block(Acc *acc, const double *x, size_t k) {
+    /* x: k finite values; two passes while they are in cache, then Chan's combination */
+    if (!k) return;
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= k; i += 4) {
+        s0 += x[i];
+        s1 += x[i + 1];
+        s2 += x[i + 2];
+        s3 += x[i + 3];
+    }
+    for (; i < k; i++) s0 += x[i];
+    double bm = ((s0 + s1) + (s2 + s3)) / (double)k;
+    double q0 = 0, q1 = 0, mn = x[0], mx = x[0];
+    for (i = 0; i + 2 <= k; i += 2) {
+        double d0 = x[i] - bm, d1 = x[i + 1] - bm;
+        q0 += d0 * d0;
+        q1 += d1 * d1;
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+        if (x[i + 1] < mn) mn = x[i + 1];
+        if (x[i + 1] > mx) mx = x[i + 1];
+    }
+    for (; i < k; i++) {
+        double d0 = x[i] - bm;
+        q0 += d0 * d0;
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+    }
+    double bn = (double)k, bm2 = q0 + q1;
+    if (acc->n == 0) {
+        acc->n = bn;
+        acc->mean = bm;
+        acc->m2 = bm2;
+        acc->mn = mn;
+        acc->mx = mx;
+        return;
+    }
+    double n = acc->n + bn, d = bm - acc->mean;
+    acc->mean += d * bn / n;
+    acc->m2 += bm2 + d * d * acc->n * bn / n;
+    acc->n = n;
+    if (mn < acc->mn) acc->mn = mn;
+    if (mx > acc->mx) acc->mx = mx;
+}
+
+#define BLOCK 2048
+#define STATS_LOOP(T, FLOAT)                                                      \
+    do {                                                                          \
+        const T *src = (const T *)buf;                                            \
+        double blk[BLOCK];                                                        \
+        size_t k = 0;                                                             \
+        for (size_t i = 0; i < count; i++) {                                      \
+            double v = (double)src[i];                                            \
+            if (FLOAT && !isfinite(v)) {                                          \
+                if (isnan(v))                                                     \
+                    acc.nan++;                                                    \
+                else                                                              \
+                    acc.inf++;                                                    \
+                continue;                                                         \
+            }                                                                     \
+            blk[k++] = v;                                                         \
+            if (k == BLOCK) {                                                     \
+                acc_block(&acc, blk, k);                                          \
+                k = 0;                                                            \
+            }                                                                     \
+        }                                                                         \
+        acc_block(&acc, blk, k);                                                  \
+    } while (0)
+
+/* stats(array) -> (min, max, mean, std, nan, inf), or None: not a contiguous array of a type
+ * handled here (the caller's Python path takes it) */
+static PyObject *py_stats(PyObject *self, PyObject *obj) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const char *f = v.format ? v.format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    char c = f[0];
+    int ok = f[1] == 0 && PyBuffer_IsContiguous(&v, 'A') && v.itemsize > 0;
+    if (ok) {
+        switch (c) {
+        case 'f': ok = v.itemsize == 4; break;
+        case 'd': ok = v.itemsize == 8; break;
+        case 'b': case 'B': case '?': ok = v.itemsize == 1; break;
+        case 'h': case 'H': ok = v.itemsize == 2; break;
+        case 'i': case 'I': ok = v.itemsize == 4; break;
+        case 'l': case 'L': case 'q': case 'Q': ok = v.itemsize == 8; break;
+        default: ok = 0;
+        }
+    }
+    if (!ok) {
+        PyBuffer_Release(&v);
+        Py_RETURN_NONE;
+    }
+    size_t count = (size_t)(v.len / v.itemsize);
+    const void *buf = v.buf;
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    int release = count > 65536;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    switch (c) {
+    case 'f': STATS_LOOP(float, 1); break;
+    case 'd': STATS_LOOP(double, 1); break;
+    case 'b': STATS_LOOP(int8_t, 0); break;
+    case 'B': case '?': STATS_LOOP(uint8_t, 0); break;
+    case 'h': STATS_LOOP(int16_t, 0); break;
+    case 'H': STATS_LOOP(uint16_t, 0); break;
+    case 'i': STATS_LOOP(int32_t, 0); break;
+    case 'I': STATS_LOOP(uint32_t, 0); break;
+    case 'l': case 'q': STATS_LOOP(int64_t, 0); break;
+    case 'L': case 'Q': STATS_LOOP(uint64_t, 0); break;
+    }
+    if (ts) PyEval_RestoreThread(ts);
+    PyBuffer_Release(&v);
+    if (acc.n == 0)
+        return Py_BuildValue("(OOOOLL)", Py_None, Py_None, Py_None, Py_None,
+                             (long long)acc.nan, (long long)acc.inf);
+    return Py_BuildValue("(ddddLL)", acc.mn, acc.mx, acc.mean, sqrt(acc.m2 / acc.n),
+                         (long long)acc.nan, (long long)acc.inf);
+}
+
+/* ------------------------------------------------------------------ module */
+static PyMethodDef methods[] = {
+    {"open", dq_open, METH_VARARGS, "open(dirfd, max_bytes): the run folder and queue size"},
+    {"submit", (PyCFunction)(void (*)(void))dq_submit, METH_FASTCALL,
+     "submit(name, header, data, link, wait) -> queued"},
+    {"ticket", dq_ticket, METH_NOARGS, "jobs submitted so far"},
+    {"wait", dq_wait, METH_VARARGS, "wait(ticket, timeout) -> every job up to ticket done"},
+    {"failures", dq_failures, METH_NOARGS, "[(name, errno, message)] since the last call"},
+    {"counters", dq_counters, METH_NOARGS,
+     "(queued bytes, submitted, completed, files, links, failed, bytes written)"},
+    {"close", dq_close, METH_VARARGS, "close(timeout): drain and stop the writer thread"},
+    {"digest", py_digest, METH_O, "128-bit content hash of a contiguous buffer"},
+    {"stats", py_stats, METH_O, "(min, max, mean, std, nan, inf) of a contiguous array"},
+    {NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._dumpio",
+                                       "pprobe's native dump writer and statistics.", -1,
+                                       methods};
+
+PyMODINIT_FUNC PyInit__dumpio(void) {
+    static int forked = 0;
+    if (!forked) {
+        if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child)) return NULL;
+        forked = 1;
+    }
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m) return NULL;
+    if (PyModule_AddIntConstant(m, "API", DUMPIO_API) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

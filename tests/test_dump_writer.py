@@ -1,0 +1,376 @@
+"""The dump writer (pprobe/dumps.py, pprobe/_dumpio.c): repeated contents stored once, a bounded
+queue (wait or skip), rows that never point to a missing file (kill -9 included), safe names,
+symlinks never followed, the budget as a hard limit, and the statistics' bounded memory.
+
+Everything runs through the bootstrap in subprocesses; the in-process tests at the end check
+the .npy header, the names and the two queues (native and Python) directly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import BOOTSTRAP, clean_env, meta, ops, run_script, sql, tensors
+
+from pprobe import core, dumps
+
+
+def _of(run_dir: Path, op: str, where: str = "true") -> list[dict]:
+    """The tensor rows of one op's calls, in call order."""
+    return sql(
+        run_dir,
+        "SELECT t.* FROM tensors t JOIN ops o USING (pid, seq) "
+        f"WHERE o.op = '{op}' AND {where} ORDER BY t.pid, t.seq, t.role, t.idx",
+    )
+
+
+def _unique_bytes(files: list[Path]) -> int:
+    return sum({f.stat().st_ino: f.stat().st_size for f in files}.values())
+
+
+def test_the_same_content_is_stored_once_as_hard_links(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        data = np.arange(50_000, dtype=np.float64)   # a training set passed to every step
+        w = np.zeros(3)
+        for step in range(20):
+            w = np.add(w, np.dot(data[:3], data[:3]))
+            np.copy(data)
+        """,
+    ).check()
+    run_dir = r.run_dir
+    rows = _of(run_dir, "numpy.copy")
+    assert len(rows) == 40
+    files = [run_dir / x["dump_path"] for x in rows]
+    assert len(set(files)) == 40  # every row has its own seed-named file...
+    assert len({f.stat().st_ino for f in files}) == 1  # ...and they are one file on disk
+    for f in files[::7]:
+        np.testing.assert_array_equal(np.load(f), np.arange(50_000, dtype=np.float64))
+    m = meta(run_dir)["dumps"]
+    assert m["links"] >= 39
+    assert m["bytes_written"] < 2 * 400_000  # not 40 x 400 kB
+
+
+def test_different_contents_of_the_same_shape_are_not_merged(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        a = np.zeros(1000)
+        for i in range(10):
+            a[i] = 1.0          # one element changes
+            np.copy(a)
+        np.copy(np.zeros(1000, dtype=np.int64))   # same bytes as zeros(1000), another dtype
+        np.copy(np.zeros((10, 100)))             # same bytes, another shape
+        """,
+    ).check()
+    rows = _of(r.run_dir, "numpy.copy", "role = 'input'")
+    assert len(rows) == 12
+    for i, x in enumerate(rows[:10]):
+        want = np.zeros(1000)
+        want[: i + 1] = 1.0
+        np.testing.assert_array_equal(np.load(r.run_dir / x["dump_path"]), want)
+    assert np.load(r.run_dir / rows[10]["dump_path"]).dtype == np.int64
+    assert np.load(r.run_dir / rows[11]["dump_path"]).shape == (10, 100)
+
+
+@pytest.mark.parametrize("full", ["wait", "skip"])
+def test_a_full_queue_waits_or_skips_as_configured(tmp_path: Path, full: str) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        a = np.random.default_rng(0).standard_normal(65536)   # 512 KiB
+        for i in range(60):
+            a += 1.0                  # new contents, 2 more dumps, fast
+            np.negative(a)            # 512 KiB in, 512 KiB out
+        """,
+        env={"PPROBE_DUMP_QUEUE": "1MiB", "PPROBE_DUMP_FULL": full},
+    ).check()
+    rows = _of(r.run_dir, "numpy.negative")
+    assert len(rows) == 120
+    dumped = [x for x in rows if x["dump_path"]]
+    skipped = [x for x in rows if not x["dump_path"]]
+    for x in skipped:
+        assert "dump queue is full" in x["note"] and "PPROBE_DUMP_FULL" in x["note"]
+    if full == "wait":
+        assert not skipped
+    else:
+        assert skipped and dumped  # the writer cannot keep up with 512 KiB every few us
+    for x in dumped[::9]:  # every dump a row points to is complete
+        a = np.load(r.run_dir / x["dump_path"])
+        assert a.shape == (65536,)
+    rows_by_seq: dict = {}
+    for x in dumped:
+        rows_by_seq.setdefault(x["seq"], {})[x["role"]] = np.load(r.run_dir / x["dump_path"])
+    for pair in rows_by_seq.values():
+        if len(pair) == 2:
+            np.testing.assert_array_equal(pair["output"], -pair["input"])
+    every = tensors(r.run_dir)  # the generator's outputs too
+    assert meta(r.run_dir)["dumps"]["skipped"] == sum(not x["dump_path"] for x in every)
+
+
+def test_after_kill_9_every_dump_a_row_points_to_is_complete(tmp_path: Path) -> None:
+    script = tmp_path / "busy.py"
+    script.write_text(
+        "import numpy as np, sys\n"
+        "rng = np.random.default_rng(1)\n"
+        "i = 0\n"
+        "while True:\n"
+        "    np.negative(rng.standard_normal(1000 + i % 5000))\n"
+        "    i += 1\n"
+        "    if i == 200: print('ready', flush=True)\n"
+    )
+    out = tmp_path / "out"
+    env = clean_env(PYTHONPATH=str(BOOTSTRAP), PPROBE_OUTPUT=str(out), PPROBE_FLUSH_SECONDS="0.2")
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    time.sleep(2.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    run_dir = next(d for d in out.iterdir() if d.is_dir() and not d.is_symlink())
+    rows = [x for x in tensors(run_dir) if x["dump_path"]]
+    assert len(rows) > 100
+    for x in rows:
+        a = np.load(run_dir / x["dump_path"], allow_pickle=False)  # complete and readable
+        assert a.shape == tuple(x["shape"])
+
+
+def test_one_array_larger_than_the_budget_left_is_skipped_and_dumping_goes_on(
+    tmp_path: Path,
+) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        np.negative(np.ones(10))
+        np.negative(np.ones(20 * 1024 * 1024 // 8))   # 20 MiB
+        for i in range(5):
+            np.negative(np.full(10, float(i)))
+        """,
+        env={"PPROBE_BUDGET": "10MB"},
+    ).check()
+    rows = _of(r.run_dir, "numpy.negative")
+    big = [x for x in rows if x["shape"] == [20 * 1024 * 1024 // 8]]
+    small = [x for x in rows if x["shape"] == [10]]
+    assert len(big) == 2 and len(small) == 12
+    for x in big:
+        assert x["dump_path"] is None and "do not fit" in x["note"], x
+    assert all(x["dump_path"] for x in small)
+    m = meta(r.run_dir)["dumps"]
+    too_big = [x for x in tensors(r.run_dir) if x["note"] and "do not fit" in x["note"]]
+    assert m["exhausted"] is False and m["skipped"] == len(too_big) == 3  # np.ones' too
+    assert r.pprobe_lines() == []
+
+
+def test_the_budget_is_a_hard_limit_across_threads(tmp_path: Path) -> None:
+    budget = 3 * 1024 * 1024
+    r = run_script(
+        tmp_path,
+        """
+        import threading
+        import numpy as np
+        def work(k):
+            for i in range(4):
+                np.negative(np.full(128 * 1024, float(k * 100 + i)))   # 1 MiB each
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        """,
+        env={"PPROBE_BUDGET": str(budget)},
+    ).check()
+    files = list(r.run_dir.glob("*.npy"))
+    assert files
+    assert _unique_bytes(files) <= budget
+    assert len(ops(r.run_dir, "op = 'numpy.negative'")) == 32
+
+
+def test_unsafe_and_long_names_are_sanitised_and_do_not_stop_dumping(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import io
+        import numpy as np
+        a = np.arange(4.0)
+        np.savez(io.BytesIO(), **{"sub/dir": a, "../up": a, "x" * 300: a})
+        np.negative(a)
+        """,
+    ).check()
+    run_dir = r.run_dir
+    names = [p.name for p in run_dir.rglob("*.npy")]
+    assert all(p.parent == run_dir for p in run_dir.rglob("*.npy"))
+    assert all(len(n.encode()) <= 255 for n in names)
+    savez = _of(run_dir, "numpy.savez")
+    assert sorted(x["idx"] for x in savez)[:2] == ["../up", "sub/dir"]
+    for x in savez:
+        assert x["dump_path"] and "/" not in x["dump_path"], x
+        np.testing.assert_array_equal(np.load(run_dir / x["dump_path"]), np.arange(4.0))
+    neg = _of(run_dir, "numpy.negative")
+    assert all(x["dump_path"] for x in neg)  # dumping went on
+    assert not (tmp_path / "out" / "up").exists()
+
+
+def test_a_symlink_at_a_dump_name_is_never_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    r = run_script(
+        tmp_path,
+        f"""
+        import os
+        import numpy as np
+        import pprobe
+        d = pprobe.active_run_dir()
+        np.ones(2)          # numpy is probed from here
+        pid = os.getpid()
+        for seq in range(200):
+            for which in ("input0", "output"):
+                name = f"op_numpy.negative_{{which}}_{{pid}}-{{seq}}.npy"
+                for n in (name, "." + name + ".tmp"):   # the final and the temporary name
+                    os.symlink({str(victim)!r}, os.path.join(d, n))
+        for i in range(5):
+            np.negative(np.full(10, float(i)))
+        """,
+    ).check()
+    assert victim.read_text() == "precious"
+    rows = _of(r.run_dir, "numpy.negative")
+    assert len(rows) == 10
+    for x in rows:
+        assert x["dump_path"] is None and "not dumped" in x["note"], x
+    assert meta(r.run_dir)["dumps"]["failed_files"] == 10
+
+
+def test_dump_files_are_private_and_meta_says_which_writer_ran(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "import numpy as np\nnp.negative(np.ones(3))\n").check()
+    files = list(r.run_dir.glob("*.npy"))
+    assert files and all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+    want = "python" if os.environ.get("PPROBE_CORE") == "python" else "native"
+    m = meta(r.run_dir)
+    assert m["dumps"]["writer"] == want
+    assert m["core"]["dumps"] == want
+
+
+def test_statistics_of_a_large_array_use_bounded_memory(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import resource
+        import numpy as np
+        a = np.ones(25_000_000)          # 200 MB
+        a[::1000] = np.nan
+        b = a[::3]                       # not contiguous: the chunked path
+        np.sum(a[:10])
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        np.sum(a)
+        np.sum(b)
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        print((after - before) // 1024, int(np.isnan(b).sum()))
+        """,
+        env={"PPROBE_MODE": "stats"},
+    ).check()
+    grew_mb, nan_b = map(int, r.out.split()[-2:])
+    assert grew_mb < 40, grew_mb
+    rows = _of(r.run_dir, "numpy.sum", "role = 'input'")
+    assert [x["nan_count"] for x in rows[1:]] == [25_000, nan_b]
+    assert rows[1]["min"] == rows[1]["max"] == 1.0 and rows[1]["std"] == 0.0
+
+
+# ----------------------------------------------------------------------- in-process
+@pytest.mark.parametrize(
+    "a",
+    [
+        np.arange(5.0),
+        np.zeros((3, 0)),
+        np.array(7, dtype=np.int16),
+        np.arange(24, dtype=">i4").reshape(2, 3, 4),
+        np.array(["ab", "c"]),
+        np.array([(1, 2.0)], dtype=[("x", "i4"), ("y", "f8")]),
+        np.array([(1,)], dtype=[("é", "i4")]),
+        np.array([0, 1, 2], dtype="datetime64[s]"),
+        np.zeros((2, 2), dtype=np.complex64),
+    ],
+    ids=lambda a: str(a.dtype),
+)
+def test_npy_header_is_what_np_save_writes(a: np.ndarray) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    raw = buf.getvalue()
+    h = dumps.npy_header(a.dtype, a.shape)
+    assert raw[: len(h)] == h
+
+
+def test_file_names_are_one_safe_component() -> None:
+    assert dumps.file_name("numpy.add", "input0", "12-3") == "op_numpy.add_input0_12-3.npy"
+    for which in ("input../../x", "input/a", "input\x00b", "p" * 1000):
+        n = dumps.file_name("a/b", which, "1-2")
+        assert "/" not in n and "\x00" not in n and len(n.encode()) <= dumps.NAME_MAX
+        assert n.endswith("_1-2.npy")
+    long = {dumps.file_name("op", "input" + "x" * 300 + str(i), "1-2") for i in range(3)}
+    assert len(long) == 3  # cut names stay distinct
+
+
+def _queues() -> list:
+    qs = [dumps.PyQueue()]
+    mod = core.dumpio()
+    if mod is not None:
+        qs.append(dumps.NativeQueue(mod))
+    return qs
+
+
+@pytest.mark.parametrize("q", _queues(), ids=lambda q: type(q).__name__)
+def test_queue_writes_links_and_reports_failures(tmp_path: Path, q: object) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        q.open(fd, 1 << 20)  # type: ignore[attr-defined]
+        a = np.arange(12.0).reshape(3, 4).T  # not contiguous: written in C order
+        assert q.submit("a.npy", b"HEAD", a, None, True)  # type: ignore[attr-defined]
+        assert q.submit("b.npy", b"", None, "a.npy", True)  # type: ignore[attr-defined]
+        assert q.submit("c.npy", b"", None, "missing.npy", True)  # type: ignore[attr-defined]
+        (d / "taken.npy").write_text("x")
+        os.symlink(tmp_path / "victim", d / ".d.npy.tmp")
+        assert q.submit("d.npy", b"X", None, None, True)  # type: ignore[attr-defined]
+        assert q.wait(q.ticket(), 10.0)  # type: ignore[attr-defined]
+        raw = (d / "a.npy").read_bytes()
+        assert raw[:4] == b"HEAD"
+        np.testing.assert_array_equal(np.frombuffer(raw[4:]), np.ascontiguousarray(a).ravel())
+        assert (d / "b.npy").stat().st_ino == (d / "a.npy").stat().st_ino
+        fails = {n: e for n, e, _ in q.failures()}  # type: ignore[attr-defined]
+        assert set(fails) == {"c.npy", "d.npy"}
+        assert not (tmp_path / "victim").exists()
+        _, sub, done, files, links, failed, written = q.counters()  # type: ignore[attr-defined]
+        assert (sub, done, files, links, failed) == (4, 4, 1, 1, 2)
+        assert written == 4 + a.nbytes
+        with pytest.raises(ValueError):
+            q.submit("x/y", b"", None, None, True)  # type: ignore[attr-defined]
+        assert q.close(10.0)  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("q", _queues(), ids=lambda q: type(q).__name__)
+def test_queue_skips_when_full_unless_asked_to_wait(tmp_path: Path, q: object) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        q.open(fd, 100_000)  # type: ignore[attr-defined]
+        big = np.ones(50_000)  # 400 kB: larger than the queue, taken when it is empty
+        results = [q.submit(f"f{i}.npy", b"", big, None, False) for i in range(50)]  # type: ignore[attr-defined]
+        assert results[0] and not all(results)
+        assert all(q.submit(f"w{i}.npy", b"", big, None, True) for i in range(5))  # type: ignore[attr-defined]
+        assert q.close(30.0)  # type: ignore[attr-defined]
+        written = sorted(p.name for p in d.iterdir())
+        assert len(written) == sum(results) + 5
+    finally:
+        os.close(fd)
