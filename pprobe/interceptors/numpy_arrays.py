@@ -114,11 +114,16 @@ _errstate = np.errstate
 _F64 = np.dtype(np.float64)
 
 
+CHUNK = 1 << 16  # values per chunk: statistics never make temporaries larger than this
+
+
 def array_stats(a: np.ndarray) -> tuple | None:
     """(min, max, mean, std, nan_count, inf_count); min..std over finite values only.
 
-    mean and std are computed as ``np.mean``/``np.std(dtype=float64)`` do (the same
-    reductions), in one errstate: pprobe never makes the program print a warning.
+    Contiguous arrays of the common numeric types: one pass over memory in native code
+    (pprobe/_dumpio.c). Otherwise NumPy's reductions (in one errstate: pprobe never makes the
+    program print a warning), chunk by chunk, so the extra memory is bounded whatever the
+    array's size; chunks are combined with Chan's formula, as exact as one float64 pass.
     """
     dt = a.dtype
     kind = dt.kind
@@ -127,33 +132,82 @@ def array_stats(a: np.ndarray) -> tuple | None:
     n = a.size
     if n == 0:
         return (None, None, None, None, 0, 0)
+    fast = _native_stats()
+    if fast is not None and kind != "c":
+        r = fast(a)
+        if r is not None:
+            return r  # type: ignore[no-any-return]
     if a.ndim == 0:  # ufuncs return scalars for 0-d input; the in-place square needs an array
         a = a.reshape(1)
     with _errstate(all="ignore"):
-        if kind == "c":
-            a = _absolute(a)
-            kind = "f"
-        elif kind == "b":
-            a = a.view(np.uint8)
-        nan = inf = 0
-        s = _add_reduce(a, axis=None, dtype=_F64)
-        if kind == "f" and not math.isfinite(s):
-            finite = _isfinite(a)
-            n_fin = int(_count_nonzero(finite))
-            nan = int(_count_nonzero(_isnan(a)))
-            inf = n - n_fin - nan
-            if n_fin == 0:
-                return (None, None, None, None, nan, inf)
-            if n_fin != n:
-                a = a[finite]
-                n = n_fin
-                s = _add_reduce(a, axis=None, dtype=_F64)
-        mean = s / n
-        d = _subtract(a, mean, dtype=_F64)
-        _multiply(d, d, out=d)
-        std = math.sqrt(_add_reduce(d, axis=None) / n)
-        return (float(_min_reduce(a, axis=None)), float(_max_reduce(a, axis=None)),
-                float(mean), std, nan, inf)  # fmt: skip
+        if n <= CHUNK:
+            part = _chunk_stats(a, kind)
+            return _finish(*part)
+        acc = (0, 0.0, 0.0, math.inf, -math.inf, 0, 0)
+        it: Any = np.nditer(a, flags=["external_loop", "buffered", "zerosize_ok"],
+                       buffersize=CHUNK, order="K")  # fmt: skip
+        for c in it:
+            acc = _combine(acc, _chunk_stats(c, kind))
+        return _finish(*acc)
+
+
+def _chunk_stats(a: np.ndarray, kind: str) -> tuple:
+    """(count of finite values, their mean, sum of squared deviations, min, max, nan, inf)"""
+    if kind == "c":
+        a = _absolute(a)
+        kind = "f"
+    elif kind == "b":
+        a = a.view(np.uint8)
+    n = a.size
+    nan = inf = 0
+    s = _add_reduce(a, axis=None, dtype=_F64)
+    if kind == "f" and not math.isfinite(s):
+        finite = _isfinite(a)
+        n_fin = int(_count_nonzero(finite))
+        nan = int(_count_nonzero(_isnan(a)))
+        inf = n - n_fin - nan
+        if n_fin == 0:
+            return (0, 0.0, 0.0, math.inf, -math.inf, nan, inf)
+        if n_fin != n:
+            a = a[finite]
+            n = n_fin
+            s = _add_reduce(a, axis=None, dtype=_F64)
+    mean = s / n
+    d = _subtract(a, mean, dtype=_F64)
+    _multiply(d, d, out=d)
+    m2 = float(_add_reduce(d, axis=None))
+    mn = float(_min_reduce(a, axis=None))
+    mx = float(_max_reduce(a, axis=None))
+    return (n, float(mean), m2, mn, mx, nan, inf)
+
+
+def _combine(x: tuple, y: tuple) -> tuple:
+    n1, m1, q1, lo1, hi1, nan1, inf1 = x
+    n2, m2, q2, lo2, hi2, nan2, inf2 = y
+    n = n1 + n2
+    if n1 == 0 or n2 == 0:
+        n0, m0, q0 = (n2, m2, q2) if n1 == 0 else (n1, m1, q1)
+    else:
+        delta = m2 - m1
+        n0, m0, q0 = n, m1 + delta * n2 / n, q1 + q2 + delta * delta * n1 * n2 / n
+    return (n0, m0, q0, min(lo1, lo2), max(hi1, hi2), nan1 + nan2, inf1 + inf2)
+
+
+def _finish(n: int, mean: float, m2: float, mn: float, mx: float, nan: int, inf: int) -> tuple:
+    if n == 0:
+        return (None, None, None, None, nan, inf)
+    return (mn, mx, mean, math.sqrt(m2 / n), nan, inf)
+
+
+_fast_stats: Any = False
+
+
+def _native_stats() -> Any:
+    global _fast_stats
+    if _fast_stats is False:
+        mod = core.dumpio()
+        _fast_stats = mod.stats if mod is not None else None
+    return _fast_stats
 
 
 HANDLER = NumpyHandler()
