@@ -25,6 +25,7 @@ DUMP_FULL = ("wait", "skip")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
+PERMISSIONS = ("private", "group", "public")  # pprobe.safefs.PERMISSIONS gives their modes
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
@@ -321,6 +322,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest time a recorded row waits before it is written.",
     ),
     Setting(
+        "permissions",
+        "PPROBE_PERMISSIONS",
+        "private",
+        _choice(PERMISSIONS),
+        "Who may read a run's folders and files: private (folders 0700, files 0600: dumps "
+        "hold your data), group (0750/0640), public (0755/0644).",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -364,6 +373,7 @@ class Config:
     sync: bool = False
     flush_rows: int = 16384
     flush_seconds: float = 1.0
+    permissions: str = "private"
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -3,7 +3,8 @@
 Layout (docs/output.md)::
 
     np_op_dumps/
-      latest -> 20261121-120501-4242        (symlink; LATEST text file where links fail)
+      LATEST                                the newest run's name (the source of truth)
+      latest -> 20261121-120501-4242        a symlink to it, where symlinks can be made
       20261121-120501-4242/
         meta.json                           the run: argv, versions, config, exit, coverage
         procs/{host}-{pid}.json             one per process (children, ranks, workers)
@@ -18,14 +19,16 @@ instead of creating a new one.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from typing import Any
 
-from . import __version__, _report, core
+from . import __version__, _report, core, safefs
 from .config import Config
 
 RESOLVED_ENV = "PPROBE_RESOLVED"
@@ -44,33 +47,52 @@ class Run:
         self.exit: dict[str, Any] = {"status": "running"}
         self.coverage: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
+        self.folder: safefs.RunDir = None  # type: ignore[assignment]  # set by create_or_join
+        self.procs: safefs.RunDir | None = None
 
     # ------------------------------------------------------------------ creation
     @classmethod
     def create_or_join(cls, config: Config) -> Run:
+        """Join the run of the parent process, or make a new run folder (pprobe.safefs: made
+        and written relative to descriptors, never through a symlink).
+
+        A new run writes its meta.json before ``latest`` points at it: a run that cannot be
+        written (a full disk) is removed again and leaves the pointers as they were."""
         inherited = os.environ.get(RESOLVED_ENV)
         d = json.loads(inherited) if inherited else None
         # Join only as a child process. In the process that made the run (pprobe.enable()
         # again after disable()), joining would reopen and truncate this pid's log shard.
         if d is not None and d.get("root_pid") != os.getpid():
-            run = cls(Config.from_json(d["config"]), d["run_dir"], d["run_id"], root=False)
-            os.makedirs(os.path.join(run.dir, "procs"), exist_ok=True)
+            config = Config.from_json(d["config"])
+            run = cls(config, d["run_dir"], d["run_id"], root=False)
+            run.folder = safefs.RunDir.open(run.dir, config.permissions)
+            run.procs = run.folder.subdir("procs")
             return run
-        base = os.path.abspath(config.output)
-        os.makedirs(base, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_id = f"{stamp}-{os.getpid()}"
-        for i in range(1000):
-            rid = run_id if i == 0 else f"{run_id}-{i}"
+        base = safefs.open_base(os.path.abspath(config.output), config.permissions)
+        try:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            run_id = f"{stamp}-{os.getpid()}"
+            for i in range(1000):
+                rid = run_id if i == 0 else f"{run_id}-{i}"
+                try:
+                    folder = safefs.RunDir.make(base, rid)
+                    run_id = rid
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise FileExistsError(errno.EEXIST, f"no free run name {run_id}-N")
+            run = cls(config, folder.path, run_id, root=True)
+            run.folder = folder
             try:
-                os.mkdir(os.path.join(base, rid))
-                run_id = rid
-                break
-            except FileExistsError:
-                continue
-        run = cls(config, os.path.join(base, run_id), run_id, root=True)
-        os.makedirs(os.path.join(run.dir, "procs"), exist_ok=True)
-        _point_latest(base, run_id)
+                run.procs = folder.subdir("procs")
+                run.write_meta()
+            except BaseException:
+                run._unmake(base)
+                raise
+            _point_latest(base, run_id)
+        finally:
+            base.close()
         os.environ[RESOLVED_ENV] = json.dumps(
             {
                 "config": config.to_json(),
@@ -80,6 +102,22 @@ class Run:
             }
         )
         return run
+
+    def _unmake(self, base: safefs.RunDir) -> None:
+        """Remove what :meth:`create_or_join` made of a run that could not start."""
+        if self.procs is not None:
+            self.procs.unlink(f"{self.host}-{self.pid}.json")
+            self.procs.close()
+        self.folder.unlink("meta.json")
+        self.folder.rmdir("procs")
+        self.folder.close()
+        base.rmdir(self.id)
+
+    def close(self) -> None:
+        """Close the run's folder descriptors (a stopped session; later writes use paths)."""
+        for d in (self.procs, self.folder):
+            if d is not None:
+                d.close()
 
     def after_fork(self) -> None:
         self.root = False
@@ -114,7 +152,8 @@ class Run:
     def write_meta(self, dumper: Any = None, writer: Any = None) -> None:
         """Write procs/{host}-{pid}.json, and meta.json when this process started the run."""
         proc = self.process_meta(dumper, writer)
-        _atomic_json(os.path.join(self.dir, "procs", f"{self.host}-{self.pid}.json"), proc)
+        procs = self.procs if self.procs is not None else self.folder.subdir("procs")
+        procs.replace_atomic(f"{self.host}-{self.pid}.json", _json(proc))
         if self.root:
             meta = {
                 "pprobe_version": __version__,
@@ -139,7 +178,7 @@ class Run:
                 "warnings": proc["warnings"],
                 **self.extra,
             }
-            _atomic_json(os.path.join(self.dir, "meta.json"), meta)
+            self.folder.replace_atomic("meta.json", _json(meta))
 
 
 def versions() -> dict[str, str | None]:
@@ -150,26 +189,56 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def _atomic_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, default=str)
-    os.replace(tmp, path)
+def _json(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, indent=2, default=str).encode()
 
 
-def _point_latest(base: str, run_id: str) -> None:
-    """Atomically point ``latest`` at the new run (a text file LATEST where symlinks fail)."""
-    link = os.path.join(base, "latest")
-    tmp = os.path.join(base, f".latest.{os.getpid()}")
-    try:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(run_id, tmp)
-        os.replace(tmp, link)
-    except OSError:
-        pass
-    with open(os.path.join(base, "LATEST"), "w") as f:
-        f.write(run_id + "\n")
+def _point_latest(base: safefs.RunDir, run_id: str) -> None:
+    """Point ``LATEST`` (the source of truth) and then the ``latest`` symlink at the new run.
+
+    Both are replaced atomically (a temporary name renamed over the old), under an exclusive
+    lock of the output folder, so two runs starting at once leave both naming the same run.
+    A ``latest`` that is not a symlink (a folder of the user's) is left alone, and said once.
+    """
+    with _locked(base.fd):
+        base.replace_atomic("LATEST", (run_id + "\n").encode())
+        st = base.lstat("latest")
+        if st is not None and not stat.S_ISLNK(st.st_mode):
+            _report.warn_once(
+                "latest",
+                f"{os.path.join(base.path, 'latest')} is not a symlink, so it does not point "
+                f"at this run; LATEST names it ({run_id}). Remove it to get `latest` back.",
+            )
+            return
+        try:
+            base.symlink_atomic(run_id, "latest")
+        except OSError:
+            pass  # no symlinks here (some file systems): LATEST alone
+
+
+class _locked:
+    """flock(LOCK_EX) on a folder's descriptor for the block; nothing where flock fails."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> None:
+        try:
+            import fcntl
+
+            if self.fd is not None:
+                fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            self.fd = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            import fcntl
+
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+            except OSError:
+                pass
 
 
 def resolve_run_dir(path: str | None, output: str = "np_op_dumps") -> str:
@@ -179,14 +248,31 @@ def resolve_run_dir(path: str | None, output: str = "np_op_dumps") -> str:
     p = os.path.abspath(path or os.environ.get("PPROBE_OUTPUT") or output)
     if os.path.isfile(os.path.join(p, "meta.json")) or os.path.isdir(os.path.join(p, "log")):
         return p
-    latest = os.path.join(p, "latest")
-    if os.path.isdir(latest):
-        return os.path.realpath(latest)
-    marker = os.path.join(p, "LATEST")
-    if os.path.isfile(marker):
-        with open(marker) as f:
-            return os.path.join(p, f.read().strip())
+    name = latest_name(p)
+    if name is not None:
+        return os.path.join(p, name)
     raise FileNotFoundError(
         f"no pprobe run found at {p} (expected a run folder or an output "
         "folder with a `latest` run)"
     )
+
+
+def latest_name(output: str) -> str | None:
+    """The newest run's folder name under the output folder: ``LATEST`` (the source of
+    truth), else the ``latest`` symlink of output folders made before it existed."""
+    try:
+        with open(os.path.join(output, "LATEST")) as f:
+            name = f.read().strip()
+    except OSError:
+        name = ""
+    if not name:
+        link = os.path.join(output, "latest")
+        name = os.readlink(link) if os.path.islink(link) else ""
+    if (
+        not name
+        or "/" in name
+        or name in (".", "..")
+        or not os.path.isdir(os.path.join(output, name))
+    ):
+        return None
+    return name

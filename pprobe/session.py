@@ -44,7 +44,12 @@ class Session:
             else None
         )
         self.writer = Writer(
-            self.run.dir, self.run.id, self.run.host, config.flush_rows, config.flush_seconds
+            self.run.dir,
+            self.run.id,
+            self.run.host,
+            config.flush_rows,
+            config.flush_seconds,
+            self.run.folder,
         )
         self.installed: dict[str, Any] = {}
         self.exit_code: Any = None
@@ -121,6 +126,7 @@ class Session:
         self.run.end = time.time()
         self.run.exit = self._exit_status() if exiting else {"status": "disabled"}
         self.write_meta()
+        self.run.close()
         if Session.active is self:
             Session.active = None
         if _pending_signal is not None:

@@ -19,15 +19,23 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, recorder, records, state, values
+from . import _report, recorder, records, safefs, state, values
 from .state import INTERNAL
 
 
 class Writer:
     def __init__(
-        self, run_dir: str, run_id: str, host: str, flush_rows: int, flush_seconds: float
+        self,
+        run_dir: str,
+        run_id: str,
+        host: str,
+        flush_rows: int,
+        flush_seconds: float,
+        folder: safefs.RunDir | None = None,
     ) -> None:
         self.run_dir = run_dir
+        self.folder = folder  # the run folder, held open (pprobe.safefs)
+        self.log: safefs.RunDir | None = None
         self.log_dir = os.path.join(run_dir, "log")
         self.run_id = run_id
         self.host = re.sub(r"[^A-Za-z0-9._-]", "_", host)
@@ -83,6 +91,8 @@ class Writer:
                 except Exception:
                     pass
             self.sinks.clear()
+            if self.log is not None:
+                self.log.close()
 
     def before_fork(self) -> None:
         self.lock.acquire()
@@ -135,9 +145,11 @@ class Writer:
         if sink is None:
             import pyarrow as pa
 
-            os.makedirs(self.log_dir, exist_ok=True)
-            path = os.path.join(self.log_dir, f"{table}-{self.host}-{self.pid}.arrows")
-            f = pa.OSFile(path, "wb")
+            if self.log is None:
+                folder = self.folder or safefs.RunDir.open(self.run_dir)
+                self.log = folder.subdir("log")
+            name = f"{table}-{self.host}-{self.pid}.arrows"
+            f = self.log.create_for(name, lambda path: pa.OSFile(path, "ab"))
             opts = pa.ipc.IpcWriteOptions(compression="lz4")
             w = pa.ipc.new_stream(f, batch.schema, options=opts)
             sink = self.sinks[table] = (w, f)
