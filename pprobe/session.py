@@ -11,6 +11,7 @@ import atexit
 import importlib
 import os
 import sys
+import threading
 from typing import Any
 
 from . import _report, core, recorder, state
@@ -268,8 +269,10 @@ def _exit_wrapper(code: int) -> None:
 
 
 def _sys_exit_wrapper(code: Any = None) -> None:
+    # Only the main thread's SystemExit ends the process; in another thread it ends that
+    # thread alone (threading ignores it), and the process's exit code is not this one.
     s = Session.active
-    if s is not None:
+    if s is not None and threading.current_thread() is threading.main_thread():
         s.exit_code = code
     _orig_sys_exit(code)
 
