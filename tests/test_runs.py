@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import resource
 import signal
@@ -185,3 +186,57 @@ def test_full_disk_is_reported_once_and_the_program_is_unaffected(tmp_path: Path
         elif x["dump_path"]:
             assert np.load(r.run_dir / x["dump_path"]).shape == tuple(x["shape"])
     assert not [p for p in r.run_dir.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_sys_exit_in_a_worker_thread_is_not_the_process_exit_code(tmp_path: Path) -> None:
+    prog = """
+        import sys, threading
+        import numpy as np
+        t = threading.Thread(target=sys.exit, args=(3,))
+        t.start()
+        t.join()
+        np.add(np.ones(2), 1)
+    """
+    r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"})
+    assert r.check(0).pprobe_lines() == []
+    assert meta(r.run_dir)["exit"] == {"status": "ok", "code": 0}
+
+
+def test_status_tells_a_run_that_ended_from_one_whose_process_died(tmp_path: Path) -> None:
+    import subprocess
+
+    from helpers import BOOTSTRAP, clean_env
+
+    from pprobe import runs
+
+    ended = run_script(tmp_path, PROG, env={"PPROBE_MODE": "log"}).check().run_dir
+    st = runs.status(ended)
+    assert (st.state, st.exit, st.pid) == ("ended", {"status": "ok", "code": 0}, meta(ended)["pid"])
+
+    sleeper = "import time, numpy as np\nnp.ones(2)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    script = write(tmp_path / "sleeper.py", sleeper)
+    env = clean_env(PPROBE_OUTPUT=str(tmp_path / "live"), PPROBE_MODE="log",
+                    PYTHONPATH=str(BOOTSTRAP))  # fmt: skip
+    p = subprocess.Popen([PYTHON, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    live = (tmp_path / "live" / "latest").resolve()
+    try:
+        assert runs.status(live).state == "running"
+        p.kill()
+        p.wait(30)
+    finally:
+        p.kill()
+    st = runs.status(live)
+    assert (st.state, st.exit, st.pid) == ("died", {"status": "running"}, p.pid)
+    assert str(p.pid) in st.reason
+
+    m = meta(live)
+    m["host"] = "another-host"
+    (live / "meta.json").write_text(json.dumps(m))
+    assert runs.status(live).state == "unknown"
+    assert runs.status(tmp_path).state == "unknown"  # no meta.json
+    # A pid that is alive but started after the run is another process (the pid was reused).
+    m.update(host=socket.gethostname(), pid=os.getpid(), start=time.time() - 3600 * 24 * 365)
+    (live / "meta.json").write_text(json.dumps(m))
+    assert runs.status(live).state == "died"
+    assert runs.pid_alive(os.getpid()) and runs.pid_alive(os.getpid(), time.time())
