@@ -124,10 +124,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_query(args: argparse.Namespace) -> int:
-    from .query import QueryError, run_sql
+    import warnings
+
+    from .query import DamagedShardWarning, QueryError, run_sql
 
     try:
-        cols, rows = run_sql(args.sql, args.run)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DamagedShardWarning)
+            cols, rows = run_sql(args.sql, args.run)
+        said = set()
+        for c in caught:  # a damaged shard: one line each, however many tries the query took
+            if issubclass(c.category, DamagedShardWarning) and str(c.message) not in said:
+                said.add(str(c.message))
+                print(f"pprobe query: warning: {c.message}", file=sys.stderr)
     except QueryError as e:
         print(f"pprobe query: {e}", file=sys.stderr)
         return 2

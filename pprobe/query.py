@@ -1,7 +1,10 @@
 """Where SQL is run: DuckDB over every shard of a run, as the views ``ops`` and ``tensors``.
 
 Shards are Arrow IPC streams; a shard whose writer was killed is read up to its last complete
-batch (the truncated tail raises, and is ignored). DuckDB's extension auto-install and
+batch (the truncated tail raises, and is ignored). Every batch is validated in full before
+use (:func:`_checked`): a damaged batch, or a foreign file among the shards, ends that shard's
+readable part, with a :class:`DamagedShardWarning` naming the shard and the rows kept (once
+per query, from the cache too). DuckDB's extension auto-install and
 auto-load are off: a query never reaches the network.
 
 The Parquet cache. Decoding every shard on every query costs seconds and gigabytes for a large
@@ -42,6 +45,7 @@ import stat
 import tempfile
 import time
 import uuid
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +86,10 @@ _PART = re.compile(
     r"^(?P<shard>.+\.arrows)\.(?P<tag>[A-Za-z0-9]+)\.(?P<start>\d+)-(?P<end>\d+)"
     r"\.(?P<size>\d+)-(?P<mtime>\d+)\.(?P<crc>[0-9a-f]{8})\.parquet$"
 )
+_DAMAGE = re.compile(
+    r"^(?P<shard>.+\.arrows)\.(?P<tag>[A-Za-z0-9]+)\.(?P<size>\d+)-(?P<mtime>\d+)"
+    r"\.damaged\.(?P<at>\d+)\.(?P<rows>\d+)$"
+)
 _GLOB_CHARS = re.compile(r"[*?\[\]{}]")  # DuckDB globs these, even in a list of file names
 
 
@@ -90,19 +98,87 @@ class QueryError(Exception):
 
 
 # ------------------------------------------------------------------ reading shards
-def read_shard(path: str) -> tuple[list[pa.RecordBatch], bool]:
-    """Complete batches of one stream file, and whether its tail was truncated."""
+class DamagedShardWarning(UserWarning):
+    """A shard holds a batch that cannot be read or fails validation: the shard's readable
+    part ends before it (``pprobe query`` prints it as one line)."""
+
+
+#: What reading a shard's batches can raise when its bytes are damaged or foreign.
+_BAD = (OSError, ValueError, TypeError, KeyError, IndexError, NotImplementedError)
+
+
+def _checked(b: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
+    """The batch, validated in full (offsets, lengths, UTF-8: a damaged batch handed on
+    unvalidated can crash the Parquet writer), in schema ``sch``. Raises if it is damaged."""
+    b.validate(full=True)
+    return _conformed(b, sch)
+
+
+def _cut_short(f: pa.NativeFile, pos: int, size: int) -> bool:
+    """Whether the shard's bytes from ``pos`` (a message boundary) are one message cut short
+    (a writer killed, or still writing, mid-batch), or the end-of-stream marker: not damage.
+    A message whose header or body runs past the end of the file is cut short; anything
+    else that cannot be read there is damage."""
+    import pyarrow as pa
+
+    left = size - pos
+    if left < 8:
+        return True
+    head = f.read_at(8, pos)
+    cont, length = (
+        int.from_bytes(head[:4], "little"),
+        int.from_bytes(head[4:], "little", signed=True),
+    )
+    if cont != 0xFFFFFFFF or length < 0:
+        return False
+    if length == 0 or 8 + length > left:
+        return True
+    try:
+        f.seek(pos)
+        pa.ipc.MessageReader.open_stream(f).read_next_message()
+    except StopIteration:
+        return True
+    except (OSError, pa.ArrowException) as e:
+        return isinstance(e, OSError) and "for message body" in str(e)
+    return False  # a whole message that could not be decoded
+
+
+def _damaged(path: str, at: int, size: int, rows: int) -> None:
+    warnings.warn(
+        f"{path} is damaged at byte {at} of {size}: the {rows} rows before it are read, "
+        "the rest of this shard is not",
+        DamagedShardWarning,
+        stacklevel=2,
+    )
+
+
+def read_shard(path: str, sch: pa.Schema | None = None) -> tuple[list[pa.RecordBatch], bool]:
+    """Complete, valid batches of one stream file (in schema ``sch``, default the shard's
+    own), and whether it ended early: a truncated tail, or damage (then also a
+    :class:`DamagedShardWarning`)."""
     import pyarrow as pa
 
     batches: list[pa.RecordBatch] = []
+    end = 0
     try:
         with pa.OSFile(path, "rb") as f:
-            reader = pa.ipc.open_stream(f)
-            for b in reader:
-                batches.append(b)
-    except (OSError, pa.ArrowInvalid, pa.ArrowException):
+            size = f.size()
+            try:
+                reader = pa.ipc.open_stream(f)
+                end = f.tell()
+                while True:
+                    try:
+                        b = reader.read_next_batch()
+                    except StopIteration:
+                        return batches, False
+                    batches.append(_checked(b, sch or b.schema))
+                    end = f.tell()
+            except (*_BAD, pa.ArrowException):
+                if not _cut_short(f, end, size):
+                    _damaged(path, end, size, sum(b.num_rows for b in batches))
+                return batches, True
+    except OSError:
         return batches, True
-    return batches, False
 
 
 def load_tables(run_dir: str) -> dict[str, pa.Table]:
@@ -115,8 +191,8 @@ def load_tables(run_dir: str) -> dict[str, pa.Table]:
     for name, sch in schema.TABLES.items():
         batches: list[pa.RecordBatch] = []
         for path in _shards(run_dir, name):
-            got, _truncated = read_shard(path)
-            batches.extend(_conformed(b, sch) for b in got)
+            got, _ended_early = read_shard(path, sch)
+            batches.extend(got)
         out[name] = pa.Table.from_batches(batches, schema=sch)
     return out
 
@@ -263,64 +339,80 @@ def _read_schema(f: pa.NativeFile) -> tuple[pa.Schema, int] | None:
         return None
 
 
-def _scan(path: str, start: int) -> list[int]:
-    """End offsets of the complete batches from ``start`` (a batch boundary) on.
+def _scan(path: str, start: int) -> tuple[list[int], int | None]:
+    """End offsets of the complete batches from ``start`` (a batch boundary) on, and the
+    offset of damage found (None: none).
 
     Memory-mapped: message bodies are skipped unread (20 ms for a 600 MB shard). Stops at a
-    truncated tail, a batch still being written, or the end-of-stream marker.
+    truncated tail, a batch still being written, the end-of-stream marker, or damage.
     """
     import pyarrow as pa
 
     ends: list[int] = []
     with pa.memory_map(path) as m:
+        pos = start
         m.seek(start)
         reader = pa.ipc.MessageReader.open_stream(m)
         while True:
             try:
                 msg = reader.read_next_message()
-            except (StopIteration, OSError, pa.ArrowException):
-                break
+            except StopIteration:
+                return ends, None
+            except (OSError, pa.ArrowException):
+                return ends, None if _cut_short(m, pos, m.size()) else pos
             if msg.type != "record batch":
-                break
-            ends.append(m.tell())
-    return ends
+                return ends, pos
+            pos = m.tell()
+            ends.append(pos)
 
 
-def _whole(f: pa.NativeFile) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Every complete batch of the stream, each with its end offset (dictionaries included)."""
+def _whole(
+    f: pa.NativeFile, sch: pa.Schema, damage: list[int]
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Every complete, valid batch of the stream, each with its end offset (dictionaries
+    included); where damage ends it, its offset is appended to ``damage``."""
     import pyarrow as pa
 
     f.seek(0)
     try:
         reader = pa.ipc.open_stream(f)
-    except (OSError, pa.ArrowException):
+    except (*_BAD, pa.ArrowException):
         return
+    end = f.tell()
     while True:
         try:
-            b = reader.read_next_batch()
-        except (StopIteration, OSError, pa.ArrowException):
-            return  # the end, or a truncated tail
-        yield b, f.tell()
+            b = _checked(reader.read_next_batch(), sch)
+        except StopIteration:
+            return
+        except (*_BAD, pa.ArrowException):
+            if not _cut_short(f, end, f.size()):
+                damage.append(end)
+            return
+        end = f.tell()
+        yield b, end
 
 
 def _range(
-    f: pa.NativeFile, src: pa.Schema, start: int, end: int
+    f: pa.NativeFile, src: pa.Schema, sch: pa.Schema, start: int, end: int, damage: list[int]
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The batches in bytes [start, end) (batch boundaries found by :func:`_scan`)."""
+    """The valid batches in bytes [start, end) (whole messages, found by :func:`_scan`);
+    the offset of the first that cannot be decoded or validated is appended to ``damage``."""
     import pyarrow as pa
 
     f.seek(start)
     reader = pa.ipc.MessageReader.open_stream(f)
     pos = start
     while pos < end:
-        msg = reader.read_next_message()  # raises if the shard changed under us
-        if msg.type != "record batch":
-            raise pa.ArrowInvalid(f"a {msg.type} message at byte {pos}")
-        batch = pa.ipc.read_record_batch(msg, src)
+        try:
+            msg = reader.read_next_message()
+            if msg.type != "record batch":
+                raise pa.ArrowInvalid(f"a {msg.type} message at byte {pos}")
+            batch = _checked(pa.ipc.read_record_batch(msg, src), sch)
+        except (StopIteration, *_BAD, pa.ArrowException):
+            damage.append(pos)
+            return
         pos = f.tell()
         yield batch, pos
-    if pos != end:
-        raise pa.ArrowInvalid(f"batches end at byte {pos}, not {end}")
 
 
 class _PartWriter:
@@ -412,6 +504,8 @@ class _Job:
     merge: list[Part]
     stat: os.stat_result
     last: bool = True
+    #: Where the job found a damaged batch (its part ends there), set by :func:`_run_job`.
+    damage: int | None = None
 
 
 def _run_job(job: _Job) -> Part | None:
@@ -431,9 +525,14 @@ def _run_job(job: _Job) -> Part | None:
                     w.add(b)
         with pa.OSFile(job.path, "rb") as f:
             end = job.start
-            it = _whole(f) if job.end is None else _range(f, job.src, job.start, job.end)
+            damage: list[int] = []
+            if job.end is None:
+                it = _whole(f, job.sch, damage)
+            else:
+                it = _range(f, job.src, job.sch, job.start, job.end, damage)
             for b, end in it:  # noqa: B007 (the last end is the part's)
                 w.add(b)
+            job.damage = damage[0] if damage else None
             crc = _crc_before(f, end)
         start = job.merge[0].start if job.merge else job.start
         return w.commit(start, end, job.stat if job.last else None, crc)
@@ -453,6 +552,8 @@ class _Plan:
     keep: list[Part] = field(default_factory=list)
     jobs: list[_Job] = field(default_factory=list)
     stat: os.stat_result | None = None
+    #: Where :func:`_scan` (or the schema) found damage, before any job ran.
+    damage: int | None = None
 
 
 def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild: bool) -> _Plan:
@@ -468,8 +569,9 @@ def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild
     with pa.OSFile(path, "rb") as f:
         st = plan.stat = os.fstat(f.fileno())
         head = _read_schema(f)
-        if head is None:
-            return plan  # just created, no schema yet: no rows
+        if head is None:  # just created, no schema yet: no rows; or no schema at all
+            plan.damage = None if _cut_short(f, 0, st.st_size) else 0
+            return plan
         src, first = head
         if any(pa.types.is_dictionary(t.type) for t in src):  # not readable from the middle
             plan.jobs = [_Job(path, cache_dir, sch, src, first, None, [], st)]
@@ -483,7 +585,7 @@ def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild
         ):
             old = []  # new, or rewritten since
     start = old[-1].end if old else first
-    ends = _scan(path, start)
+    ends, plan.damage = _scan(path, start)
     if old and not ends:
         plan.keep = old  # nothing new: the newest part is renamed (see _finish)
         return plan
@@ -508,15 +610,32 @@ def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild
 
 
 def _finish(plan: _Plan, made: list[Part | None]) -> list[str] | None:
-    """The shard's files once its jobs ran; None when a job failed."""
+    """The shard's files once its jobs ran; None when a job failed.
+
+    Damage found by a job ends the shard's readable part there: the parts of later segments
+    are removed, and a marker remembers the damage for the queries that read the cache
+    unopened (:func:`_list_damage`): each says so again."""
     if any(p is None for p in made):
         return None
     shard = os.path.basename(plan.path)
-    chain = plan.keep + [p for p in made if p is not None]
+    parts = [p for p in made if p is not None]
+    damage = plan.damage
+    for i, job in enumerate(plan.jobs):
+        if job.damage is not None:
+            damage = job.damage
+            for p in parts[i + 1 :]:
+                _unlink(p.path)
+            parts = parts[: i + 1]
+            break
+    chain = plan.keep + parts
     st = plan.stat
-    if not plan.jobs and chain and st is not None:
-        # Nothing new (a batch still being written, or the end-of-stream marker): the newest
-        # part is renamed to the shard's new (size, mtime).
+    if (
+        chain
+        and st is not None
+        and (chain[-1].size, chain[-1].mtime_ns) != (st.st_size, st.st_mtime_ns)
+    ):
+        # Nothing new (a batch still being written, or the end-of-stream marker), or damage
+        # ended the conversion early: the newest part is renamed to the shard's (size, mtime).
         old = chain[-1]
         new = dataclasses.replace(old, size=st.st_size, mtime_ns=st.st_mtime_ns)
         new = _placed(plan.cache_dir, shard, new)
@@ -526,13 +645,55 @@ def _finish(plan: _Plan, made: list[Part | None]) -> list[str] | None:
             if not os.path.exists(new.path):  # else renamed by a concurrent query
                 return None
         chain[-1] = new
-    _remove_stale(plan.cache_dir, shard, plan.listed, chain)
+    _remove_stale(plan.cache_dir, shard, plan.listed, chain, st)
+    if damage is not None and st is not None:
+        import pyarrow.parquet as pq
+
+        rows = sum(pq.read_metadata(p.path).num_rows for p in chain)
+        if chain:
+            name = f"{shard}.{_tag()}.{st.st_size}-{st.st_mtime_ns}.damaged.{damage}.{rows}"
+            try:
+                os.close(_create(os.path.join(plan.cache_dir, name)))
+            except OSError:
+                pass  # made by a concurrent query, or not at all: the next one warns again
+        _damaged(plan.path, damage, st.st_size, rows)
     return [p.path for p in chain]
 
 
-def _remove_stale(cache_dir: str, shard: str, parts: list[Part], chain: list[Part]) -> None:
-    """Delete the shard's listed parts left out of its chain, its parts of another tag, and
-    temporary files of killed conversions.
+def _list_damage(cache_dir: str) -> dict[tuple[str, int, int], tuple[int, int]]:
+    """(shard, size, mtime_ns) -> (byte of the damage, rows before it), from the markers
+    :func:`_finish` leaves."""
+    out = {}
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return {}
+    tag = _tag()
+    for n in names:
+        m = _DAMAGE.match(n)
+        if m is not None and m["tag"] == tag:
+            out[(m["shard"], int(m["size"]), int(m["mtime"]))] = (int(m["at"]), int(m["rows"]))
+    return out
+
+
+def _create(path: str) -> int:
+    """A new private file (0600), never through a symlink."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    return os.open(path, flags, 0o600)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_stale(
+    cache_dir: str, shard: str, parts: list[Part], chain: list[Part], st: os.stat_result | None
+) -> None:
+    """Delete the shard's listed parts left out of its chain, its parts of another tag, its
+    damage markers of another version of it, and temporary files of killed conversions.
 
     Best effort: another query may be reading them (it runs again, see :func:`run_sql`).
     """
@@ -549,6 +710,8 @@ def _remove_stale(cache_dir: str, shard: str, parts: list[Part], chain: list[Par
         m = _PART.match(n)
         if m is not None and m["shard"] == shard:
             stale = path not in keep and (m["tag"] != tag or path in listed)
+        elif (d := _DAMAGE.match(n)) is not None and d["shard"] == shard:
+            stale = st is None or (int(d["size"]), int(d["mtime"])) != (st.st_size, st.st_mtime_ns)
         elif n.startswith(f".{shard}.") and n.endswith(".tmp"):
             try:
                 stale = now - os.stat(path).st_mtime > STALE_TMP_S
@@ -602,6 +765,7 @@ def table_sources(
     wanted = VIEWS if views is None else tuple(v for v in VIEWS if v in set(views))
     dirs = cache_dirs(run_dir)
     listings = [_list_parts(d) for d in dirs]
+    damages = [_list_damage(d) for d in dirs]
     out = {v: Sources() for v in VIEWS}
     for listing in [] if rebuild else listings:
         for shard, parts in listing.items():
@@ -618,10 +782,13 @@ def table_sources(
             except OSError:
                 continue  # gone since it was listed
             fresh = None
-            for listing in [] if rebuild else listings:
+            for listing, damage in [] if rebuild else zip(listings, damages):
                 chain = _chain(listing.get(shard, ()))
                 if chain and (chain[-1].size, chain[-1].mtime_ns) == (st.st_size, st.st_mtime_ns):
                     fresh = chain
+                    known = damage.get((shard, st.st_size, st.st_mtime_ns))
+                    if known is not None:
+                        _damaged(path, known[0], st.st_size, known[1])
                     break
             if fresh is not None:
                 out[view].files.extend(p.path for p in fresh)
@@ -652,10 +819,8 @@ def table_sources(
             import pyarrow as pa
 
             sch = _schemas()[view]
-            got, _truncated = read_shard(path)
-            out[view].memory.append(
-                pa.Table.from_batches([_conformed(b, sch) for b in got], schema=sch)
-            )
+            got, _ended_early = read_shard(path, sch)
+            out[view].memory.append(pa.Table.from_batches(got, schema=sch))
     return out
 
 
