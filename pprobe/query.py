@@ -27,8 +27,9 @@ CRC-32 of the shard's 4 KiB before ``end``.
   bytes before ``end`` are found unchanged (else it is converted again whole); the small parts
   that this leaves are merged into the next once there are :data:`MAX_SMALL_PARTS` of them.
 - Files are written under a temporary name and renamed: a query sees whole files only.
-- A run folder that cannot be written puts its cache in ``$TMPDIR/pprobe-cache-{uid}/{hash of
-  the log folder}/``; where neither can be written, the shard is read into memory.
+- A run folder that cannot be written (or whose path DuckDB would read as a glob) puts its
+  cache in ``$TMPDIR/pprobe-cache-{uid}/{hash of the log folder}/``; where neither can be
+  written, the shard is read into memory. Cache folders are 0700 and their files 0600.
 
 pyarrow (and pprobe.schema, which imports it) is imported only to convert or to read shards
 into memory: a query that the cache answers does without it (a third of the start-up).
@@ -266,12 +267,14 @@ def cache_dirs(run_dir: str) -> list[str]:
     """
     log_dir = os.path.join(os.path.abspath(run_dir), "log")
     key = hashlib.sha256(os.path.realpath(log_dir).encode()).hexdigest()[:16]
-    user = os.getuid() if hasattr(os, "getuid") else "user"
-    dirs = [
-        os.path.join(log_dir, ".cache"),
-        os.path.join(tempfile.gettempdir(), f"pprobe-cache-{user}", key),
-    ]
+    dirs = [os.path.join(log_dir, ".cache"), os.path.join(_temp_root(), key)]
     return [d for d in dirs if not _GLOB_CHARS.search(d)]
+
+
+def _temp_root() -> str:
+    """This user's private folder of caches in the temporary folder."""
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"pprobe-cache-{user}")
 
 
 def _list_parts(cache_dir: str) -> dict[str, list[Part]]:
@@ -443,6 +446,8 @@ class _PartWriter:
 
         if self.writer is None:
             import pyarrow.parquet as pq
+
+            os.close(_create(self.tmp))  # 0600 (pyarrow would make it 0666 less the umask)
 
             strings = [f.name for f in self.sch if pa.types.is_string(f.type)]
             self.writer = pq.ParquetWriter(
@@ -726,17 +731,19 @@ def _remove_stale(
                 pass
 
 
-def _writable(d: str, private: bool) -> bool:
-    """Whether cache files can be written in ``d`` (created if needed; ``private``: 0700 and
-    this user's, for the temporary folder)."""
+def _writable(d: str) -> bool:
+    """Whether cache files can be written in ``d``, made 0700 if needed. In the temporary
+    folder, its parent ``pprobe-cache-{uid}`` must be this user's folder, and is made 0700."""
     try:
-        if private:
-            parent = os.path.dirname(d)
+        parent = os.path.dirname(d)
+        if parent == _temp_root():
             os.makedirs(parent, mode=0o700, exist_ok=True)
             st = os.lstat(parent)
             if not stat.S_ISDIR(st.st_mode) or (hasattr(os, "getuid") and st.st_uid != os.getuid()):
                 return False
-        os.makedirs(d, mode=0o700 if private else 0o777, exist_ok=True)
+            if stat.S_IMODE(st.st_mode) != 0o700:
+                os.chmod(parent, 0o700)  # made wider by an older pprobe
+        os.makedirs(d, mode=0o700, exist_ok=True)
     except OSError:
         return False
     return os.access(d, os.W_OK | os.X_OK)
@@ -794,7 +801,7 @@ def table_sources(
                 out[view].files.extend(p.path for p in fresh)
                 continue
             if target == -1:
-                target = next((i for i, d in enumerate(dirs) if _writable(d, i > 0)), None)
+                target = next((i for i, d in enumerate(dirs) if _writable(d)), None)
             plan = None
             if target is not None:
                 listed = listings[target].get(shard, [])

@@ -546,3 +546,31 @@ def test_concurrent_queries_of_a_live_run_see_whole_batches(
     live.close()
     assert len(cached(run_dir, ALL_OPS)) == 41 * 40
     assert cached(run_dir, ALL_OPS) == in_memory(run_dir, ALL_OPS)
+
+
+def test_the_cache_is_private_even_for_a_run_path_with_glob_characters(
+    tmp_path: Path, tmpdir_here: Path
+) -> None:
+    """The issue's case: PPROBE_OUTPUT='out[1]' puts the cache in the temporary folder."""
+    import os
+    import stat
+
+    from pprobe import query
+
+    def modes(d: Path) -> set[int]:
+        return {stat.S_IMODE(os.lstat(p).st_mode) for p in d.iterdir()}
+
+    glob_run = make_run(tmp_path, shards=1, name="out[1]")
+    plain_run = make_run(tmp_path, shards=1, name="plain")
+    old = os.umask(0o022)
+    try:
+        for run_dir in (glob_run, plain_run):
+            assert len(cached(run_dir, QUERY)) == 300
+    finally:
+        os.umask(old)
+    tmp_cache = Path(query.cache_dirs(str(glob_run))[0])
+    assert tmp_cache.parent.parent == tmpdir_here
+    for d in (tmp_cache.parent, tmp_cache, plain_run / "log" / ".cache"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    for d in (tmp_cache, plain_run / "log" / ".cache"):
+        assert len(cache_files(d)) == 2 and modes(d) == {0o600}, d
