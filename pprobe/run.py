@@ -32,6 +32,10 @@ from . import __version__, _report, core, safefs
 from .config import Config
 
 RESOLVED_ENV = "PPROBE_RESOLVED"
+#: Disk set aside in each run folder for its final meta.json (``.reserve``, given back at the
+#: end of the run, or on a full disk to write meta.json).
+RESERVE = ".reserve"
+RESERVE_BYTES = 256 << 10
 
 
 class Run:
@@ -68,7 +72,9 @@ class Run:
             run.folder = safefs.RunDir.open(run.dir, config.permissions)
             run.procs = run.folder.subdir("procs")
             return run
-        base = safefs.open_base(os.path.abspath(config.output), config.permissions)
+        base_path = os.path.abspath(config.output)
+        made_base = not os.path.isdir(base_path)
+        base = safefs.open_base(base_path, config.permissions)
         try:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             run_id = f"{stamp}-{os.getpid()}"
@@ -89,7 +95,14 @@ class Run:
                 run.write_meta()
             except BaseException:
                 run._unmake(base)
+                if made_base:  # what a full disk let us make: nothing is left
+                    base.close()
+                    try:
+                        os.rmdir(base_path)
+                    except OSError:
+                        pass
                 raise
+            run._reserve()
             _point_latest(base, run_id)
         finally:
             base.close()
@@ -103,6 +116,29 @@ class Run:
         )
         return run
 
+    def _reserve(self) -> None:
+        """Set :data:`RESERVE_BYTES` of disk aside in the run folder (``.reserve``): on a
+        full disk it is given back to write the final meta.json (:meth:`_write_json`)."""
+        try:
+            fd = self.folder.create(RESERVE)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except (OSError, AttributeError):  # no space, or no fallocate here: no reserve
+            self.folder.unlink(RESERVE)
+        finally:
+            os.close(fd)
+
+    def _write_json(self, folder: safefs.RunDir, name: str, data: dict[str, Any]) -> None:
+        """Write ``name`` atomically; on a full disk, once more after giving the reserve back."""
+        try:
+            folder.replace_atomic(name, _json(data))
+        except OSError as e:
+            if e.errno != errno.ENOSPC or not self.folder.unlink(RESERVE):
+                raise
+            folder.replace_atomic(name, _json(data))
+
     def _unmake(self, base: safefs.RunDir) -> None:
         """Remove what :meth:`create_or_join` made of a run that could not start."""
         if self.procs is not None:
@@ -114,7 +150,10 @@ class Run:
         base.rmdir(self.id)
 
     def close(self) -> None:
-        """Close the run's folder descriptors (a stopped session; later writes use paths)."""
+        """Give the reserve back (the process that made the run, at its end) and close the
+        run's folder descriptors (a stopped session; later writes use paths)."""
+        if self.root:
+            self.folder.unlink(RESERVE)
         for d in (self.procs, self.folder):
             if d is not None:
                 d.close()
@@ -153,7 +192,7 @@ class Run:
         """Write procs/{host}-{pid}.json, and meta.json when this process started the run."""
         proc = self.process_meta(dumper, writer)
         procs = self.procs if self.procs is not None else self.folder.subdir("procs")
-        procs.replace_atomic(f"{self.host}-{self.pid}.json", _json(proc))
+        self._write_json(procs, f"{self.host}-{self.pid}.json", proc)
         if self.root:
             meta = {
                 "pprobe_version": __version__,
@@ -178,7 +217,7 @@ class Run:
                 "warnings": proc["warnings"],
                 **self.extra,
             }
-            self.folder.replace_atomic("meta.json", _json(meta))
+            self._write_json(self.folder, "meta.json", meta)
 
 
 def versions() -> dict[str, str | None]:

@@ -240,3 +240,63 @@ def test_status_tells_a_run_that_ended_from_one_whose_process_died(tmp_path: Pat
     (live / "meta.json").write_text(json.dumps(m))
     assert runs.status(live).state == "died"
     assert runs.pid_alive(os.getpid()) and runs.pid_alive(os.getpid(), time.time())
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A 1 MiB tmpfs at tmp_path/disk (root and mount(2) needed), unmounted afterwards."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                      capture_output=True).returncode:  # fmt: skip
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    import os
+
+    st = os.statvfs(disk)
+    free = st.f_bavail * st.f_frsize
+    with open(disk / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(free - leave, 0))
+
+
+def test_a_full_disk_at_start_leaves_nothing_and_says_no_space(small_disk: Path, tmp_path: Path):
+    _fill(small_disk, 0)
+    out = small_disk / "out"
+    plain = run_script(tmp_path, PROG, probe=False).check()
+    r = run_script(tmp_path, PROG, output=out)
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    (line,) = r.pprobe_lines()
+    assert "No space left on device" in line and "runs without pprobe" in line
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]  # no folder, no LATEST
+
+
+def test_a_disk_that_fills_mid_run_still_gets_the_final_meta_json(small_disk: Path, tmp_path):
+    _fill(small_disk, 320 << 10)  # room for the run's reserve, and a little log
+    out = small_disk / "out"
+    prog = """
+        import numpy as np
+        total = 0.0
+        for i in range(30000):
+            total += float(np.add(np.ones(2), i)[0])
+        print(total)
+    """
+    plain = run_script(tmp_path, prog, probe=False).check()
+    r = run_script(
+        tmp_path, prog, output=out, env={"PPROBE_MODE": "log", "PPROBE_FLUSH_ROWS": "2000"}
+    )
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    (line,) = r.pprobe_lines()
+    assert "writing the log" in line and "No space left on device" in line
+    m = meta(r.run_dir)
+    assert m["exit"] == {"status": "ok", "code": 0}
+    assert [e["where"] for e in m["errors"]] == ["writing the log"]
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp") or p.name == ".reserve"]
+    assert (out / "LATEST").read_text().strip() == r.run_dir.name
