@@ -198,3 +198,30 @@ def test_latest_and_LATEST_agree_after_runs_start_at_the_same_moment(tmp_path: P
         assert os.readlink(out / "latest") == (out / "LATEST").read_text().strip(), attempt
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
     assert (out / os.readlink(out / "latest")).is_dir()
+
+
+def test_on_enospc_the_reserve_is_given_back_to_write_meta_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full-disk path without a small disk (tests/test_runs.py mounts one where it can)."""
+    import errno
+
+    import numpy as np
+
+    import pprobe
+    from pprobe import safefs
+
+    d = Path(pprobe.enable(mode="log", output=str(tmp_path / "out")))
+    assert (d / ".reserve").stat().st_size == 256 << 10
+    real = safefs.RunDir.replace_atomic
+
+    def replace_atomic(self: safefs.RunDir, name: str, data: bytes) -> None:
+        if (d / ".reserve").exists():  # the disk is full until the reserve is given back
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, name, data)
+
+    monkeypatch.setattr(safefs.RunDir, "replace_atomic", replace_atomic)
+    np.add(np.ones(2), 1)
+    pprobe.disable()
+    assert meta(d)["exit"]["status"] == "disabled" and meta(d)["errors"] == []
+    assert not (d / ".reserve").exists()
