@@ -73,6 +73,7 @@ class Session:
         recorder.configure(s.config, s.dumper, s.writer.wake)
         _report._listeners[:] = [s.write_meta]
         _install_process_hooks()
+        _install_sigterm()
         s.run.coverage["frameworks"] = {}
         for fw in s.config.frameworks:
             s._watch(fw)
@@ -130,8 +131,7 @@ class Session:
         self.run.close()
         if Session.active is self:
             Session.active = None
-        if _pending_signal is not None:
-            _die_of(_pending_signal)
+        _release_sigterm()
 
     def _exit_status(self) -> dict[str, Any]:
         if isinstance(self.exit_code, int) and self.exit_code < 0:
@@ -199,53 +199,76 @@ def _install_process_hooks() -> None:
     )
     os._exit = _exit_wrapper  # type: ignore[assignment]  # forked workers end with os._exit
     sys.exit = _sys_exit_wrapper  # type: ignore[assignment]
-    _install_sigterm()
+
+
+#: Longest time a SIGTERM waits for pprobe's flush before the process dies of it.
+SIGTERM_GRACE = 1.0
+_sigterm_pid = 0  # the process whose watcher thread is started
+_sigterm_fds: list[int] = []  # its pipe: (read end, write end)
 
 
 def _install_sigterm() -> None:
-    """Flush on SIGTERM, then die of it as before (a Pool's __exit__ terminates its workers).
+    """Flush on SIGTERM, then die of it as before (pprobe/_sigterm.c says how).
 
-    Only where the program left SIGTERM at its default action, and only from the main thread
-    (where Python runs signal handlers). The process still ends by SIGTERM: the handler puts
-    the default action back and sends the signal again, so the parent sees the same status.
+    Only where SIGTERM has its default action. No Python-level handler: signal.getsignal()
+    still says SIG_DFL, and the process dies of the signal at most :data:`SIGTERM_GRACE`
+    seconds after it, whatever its main thread is doing. Without the C module (no compiler
+    at install time) nothing is installed: the rows since the last flush are lost.
     """
-    import signal
-    import threading
-
+    global _sigterm_pid
     try:
-        if threading.current_thread() is not threading.main_thread():
+        import signal
+
+        from . import _sigterm
+
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError, AttributeError):  # no signals here (embedded, Windows)
+        if _sigterm_pid == os.getpid():
+            _sigterm.arm(_sigterm_fds[1], SIGTERM_GRACE)  # again, after a stop disarmed it
+            return
+        for fd in _sigterm_fds:  # a forked child: its parent's pipe
+            os.close(fd)
+        _sigterm_fds.clear()
+        r, w = os.pipe()
+        if not _sigterm.arm(w, SIGTERM_GRACE):
+            os.close(r)
+            os.close(w)
+            return
+        _sigterm_fds[:] = [r, w]
+        _sigterm_pid = os.getpid()
+        t = threading.Thread(target=_watch_sigterm, args=(r,), name="pprobe-sigterm", daemon=True)
+        t.start()
+    except (ImportError, AttributeError, ValueError, OSError):  # no signals here (Windows)
         pass
 
 
-_pending_signal: int | None = None
+def _watch_sigterm(fd: int) -> None:
+    """The watcher thread: on SIGTERM, stop the session (flush, meta.json), then die of it."""
+    import signal
 
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    global _pending_signal
+    state.local.depth = state.INTERNAL
+    try:
+        os.read(fd, 1)
+    except OSError:
+        return
     s = Session.active
     if s is not None and s.stopped:
-        # The signal interrupted our own stop (a worker flushing on its way out): let the
-        # stop finish below this frame; it dies of the signal at its end (Session.stop).
-        _pending_signal = signum
-        return
+        return  # another thread is stopping it: its stop ends with the death (_release_sigterm)
     if s is not None:
         try:
-            s.exit_code = -signum
+            s.exit_code = -signal.SIGTERM
             s.stop(exiting=True)
         except BaseException:
             pass
-    _die_of(signum)
+    _release_sigterm()
 
 
-def _die_of(signum: int) -> None:
-    import signal
+def _release_sigterm() -> None:
+    """After a caught SIGTERM, die of it now; else give SIGTERM its default action back."""
+    if _sigterm_pid == os.getpid():
+        from . import _sigterm
 
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+        _sigterm.disarm()
 
 
 def _at_exit() -> None:

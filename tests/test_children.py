@@ -161,3 +161,77 @@ def test_sigterm_flushes_and_the_process_still_dies_of_it(tmp_path: Path) -> Non
     run_dir = (tmp_path / "out" / "latest").resolve()
     assert [x["op"] for x in ops(run_dir)] == ["numpy.ones", "numpy.add"]
     assert meta(run_dir)["exit"]["status"] == "signal"
+
+
+def test_sigterm_keeps_its_default_action_and_kills_during_a_long_c_call(tmp_path: Path) -> None:
+    """No Python-level handler: getsignal says SIG_DFL, and a C call that holds the GIL (a
+    regular expression backtracking for ~10 s) does not delay death past the grace period."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import BOOTSTRAP, clean_env, write
+
+    from pprobe.session import SIGTERM_GRACE
+
+    script = write(
+        tmp_path / "prog.py",
+        """
+        import re, signal
+        import numpy as np
+        np.add(np.ones(3), 1)
+        print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+        re.match(r"(a+)+$", "a" * 28 + "b")
+        print("the C call ended", flush=True)
+        """,
+    )
+    env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PPROBE_MODE="log",
+                    PYTHONPATH=str(BOOTSTRAP))  # fmt: skip
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                         text=True, cwd=tmp_path)  # fmt: skip
+    assert p.stdout is not None and p.stdout.readline().strip() == "True"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    try:
+        rc = p.wait(timeout=SIGTERM_GRACE + 3)
+    finally:
+        p.kill()
+    assert rc == -signal.SIGTERM
+    assert time.monotonic() - t0 < SIGTERM_GRACE + 1.5
+    assert p.stdout.read() == ""
+
+
+def test_a_sigterm_handler_of_the_program_is_its_own(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import BOOTSTRAP, clean_env, write
+
+    script = write(
+        tmp_path / "prog.py",
+        """
+        import os, signal, sys, time
+        import numpy as np
+        def bye(signum, frame):
+            print("handled", signum, flush=True)
+            sys.exit(7)
+        signal.signal(signal.SIGTERM, bye)
+        np.add(np.ones(3), 1)
+        print("ready", flush=True)
+        time.sleep(60)
+        """,
+    )
+    env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PPROBE_MODE="log",
+                    PYTHONPATH=str(BOOTSTRAP))  # fmt: skip
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                         text=True, cwd=tmp_path)  # fmt: skip
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 7
+    assert p.stdout.read().split() == ["handled", str(int(signal.SIGTERM))]
+    run_dir = (tmp_path / "out" / "latest").resolve()
+    assert [x["op"] for x in ops(run_dir)] == ["numpy.ones", "numpy.add"]
+    assert meta(run_dir)["exit"] == {"status": "exited", "code": 7, "message": None}
