@@ -19,6 +19,7 @@ instead of creating a new one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -26,6 +27,7 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from . import __version__, _report, core, safefs
@@ -255,29 +257,21 @@ def _point_latest(base: safefs.RunDir, run_id: str) -> None:
             pass  # no symlinks here (some file systems): LATEST alone
 
 
-class _locked:
-    """flock(LOCK_EX) on a folder's descriptor for the block; nothing where flock fails."""
+@contextlib.contextmanager
+def _locked(fd: int | None) -> Iterator[None]:
+    """flock(LOCK_EX) on a folder's descriptor for the block; no lock where flock fails."""
+    try:
+        import fcntl
 
-    def __init__(self, fd: int | None) -> None:
-        self.fd = fd
-
-    def __enter__(self) -> None:
-        try:
-            import fcntl
-
-            if self.fd is not None:
-                fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except (ImportError, OSError):
-            self.fd = None
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            import fcntl
-
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-            except OSError:
-                pass
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        fd = None
+    try:
+        yield
+    finally:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def resolve_run_dir(path: str | None, output: str = "np_op_dumps") -> str:

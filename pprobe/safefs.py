@@ -65,12 +65,15 @@ class RunDir:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str, permissions: str = "private", *, own: bool = True) -> RunDir:
-        """Open the folder ``path``; its last component must not be a symlink. ``own``: it
-        must belong to this user (a run folder: pprobe made it)."""
+    def open(cls, path: str, permissions: str = "private") -> RunDir:
+        """Open the run folder ``path``: its last component must not be a symlink, and it
+        must belong to this user (pprobe made it)."""
         fd = _open_dir(path, None, os.path.basename(path) or path)
-        if own:
+        try:
             _check_owner(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd, permissions)
 
     @classmethod
