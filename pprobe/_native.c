@@ -36,7 +36,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 1
+#define PPROBE_NATIVE_API 2
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -78,6 +78,7 @@ static int64_t g_seq = 0;
 static int64_t g_step = 0;
 
 static _Thread_local long tl_depth = 0;
+static _Thread_local int tl_writer = 0; /* this thread is pprobe's writer (mark_writer) */
 static _Thread_local int64_t tl_parent = -1;
 static _Thread_local PyObject *tl_module = NULL; /* str or NULL */
 static _Thread_local PyObject *tl_phase = NULL;
@@ -95,7 +96,7 @@ static PyObject *py_outputs = NULL;      /* recorder._native_outputs(seq, result
 static PyObject *py_dtype_sid = NULL;    /* numpy: dtype -> string id */
 static PyObject *py_error = NULL;        /* _report.internal_error(where, exc) */
 static PyObject *py_note_thread = NULL;  /* state.note_thread() */
-static PyObject *py_wake = NULL;         /* writer.wake or None */
+/* py_wake (writer.wake or None) is declared with the buffer */
 static PyObject *py_import_frame = NULL; /* recorder._IMPORT_FRAME */
 static PyObject *py_idx_strs = NULL;     /* tuple of "0".."63" */
 static int32_t s_ok, s_input, s_output, s_cpu, s_idx0;
@@ -218,7 +219,48 @@ typedef struct {
     /* bytearrays the writer gave back (recycle): their pages are mapped already, so the
      * next batch does not page-fault its way through fresh memory */
     PyObject *spare_ops, *spare_descs;
+    /* back-pressure: at most max_rows rows (0: no limit); when full, the recording thread
+     * waits for the writer to take them (GIL released), or the row is dropped and counted */
+    Py_ssize_t max_rows;
+    int drop, writer_alive;
+    long long dropped;
 } BufferObject;
+
+static PyObject *py_wake = NULL; /* writer.wake or None (configure) */
+
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+#define FULL_WAIT_MAX_S 60.0
+
+/* The buffer is full. 1: there is room now; 0: drop this row (counted). */
+static int buffer_full(BufferObject *b) {
+    if (tl_writer) return 1; /* the writer thread itself never waits */
+    if (b->drop || !b->writer_alive) {
+        b->dropped++;
+        return 0;
+    }
+    double until = mono_s() + FULL_WAIT_MAX_S;
+    while ((Py_ssize_t)b->n_ops >= b->max_rows) {
+        if (py_wake && py_wake != Py_None) {
+            PyObject *r = PyObject_CallNoArgs(py_wake);
+            if (!r) PyErr_Clear();
+            Py_XDECREF(r);
+        }
+        Py_BEGIN_ALLOW_THREADS;
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+        Py_END_ALLOW_THREADS;
+        if (b->drop || !b->writer_alive || mono_s() > until) {
+            b->dropped++;
+            return 0;
+        }
+    }
+    return 1;
+}
 
 static BufferObject *g_buffer = NULL;
 
@@ -280,6 +322,7 @@ static void rebase_row(OpRec *op, DescRec *d, Py_ssize_t nd, int32_t base) {
 /* Append one row: the op record, its desc records, and its objects (indices relative). */
 static int buffer_append(BufferObject *b, OpRec *op, DescRec *d, Py_ssize_t nd, PyObject **objs,
                          Py_ssize_t nobj) {
+    if (b->max_rows > 0 && (Py_ssize_t)b->n_ops >= b->max_rows && !buffer_full(b)) return 0;
     if (reserve(&b->ops, &b->cap_ops, b->n_ops, b->n_ops + 1, sizeof(OpRec), &b->spare_ops) < 0)
         return -1;
     if (nd && reserve(&b->descs, &b->cap_descs, b->n_descs, b->n_descs + nd, sizeof(DescRec),
@@ -405,7 +448,41 @@ static PyObject *Buffer_clear(BufferObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* limit(max_rows, drop, writer_alive): the back-pressure settings */
+static PyObject *Buffer_limit(BufferObject *self, PyObject *args) {
+    Py_ssize_t max_rows;
+    int drop, alive;
+    if (!PyArg_ParseTuple(args, "npp", &max_rows, &drop, &alive)) return NULL;
+    self->max_rows = max_rows;
+    self->drop = drop;
+    self->writer_alive = alive;
+    Py_RETURN_NONE;
+}
+
+/* mark_writer(flag) -> the previous flag: while set, a full buffer never makes the calling
+ * thread wait (the writer thread, or a thread while it flushes) */
+static PyObject *Buffer_mark_writer(BufferObject *self, PyObject *flag) {
+    int prev = tl_writer;
+    int f = PyObject_IsTrue(flag);
+    if (f < 0) return NULL;
+    tl_writer = f;
+    return PyBool_FromLong(prev);
+}
+
+/* take_dropped() -> rows dropped since the last call */
+static PyObject *Buffer_take_dropped(BufferObject *self, PyObject *unused) {
+    long long d = self->dropped;
+    self->dropped = 0;
+    return PyLong_FromLongLong(d);
+}
+
 static PyMethodDef Buffer_methods[] = {
+    {"limit", (PyCFunction)Buffer_limit, METH_VARARGS,
+     "limit(max_rows, drop, writer_alive): back-pressure (0: no limit)"},
+    {"mark_writer", (PyCFunction)Buffer_mark_writer, METH_O,
+     "mark_writer(flag) -> previous: while set, this thread never waits for room"},
+    {"take_dropped", (PyCFunction)Buffer_take_dropped, METH_NOARGS,
+     "rows dropped (buffer full) since the last call"},
     {"append", (PyCFunction)Buffer_append, METH_VARARGS,
      "append(op record, desc records, objects or None)"},
     {"take", (PyCFunction)Buffer_take, METH_NOARGS,

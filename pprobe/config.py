@@ -22,6 +22,7 @@ from typing import Any
 MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
 DUMP_FULL = ("wait", "skip")
+BUFFER_FULL = ("wait", "drop")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
@@ -315,6 +316,23 @@ SETTINGS: tuple[Setting, ...] = (
         "Rows buffered before a batch is written to the log.",
     ),
     Setting(
+        "buffer_rows",
+        "PPROBE_BUFFER_ROWS",
+        65536,
+        _int(1),
+        "Rows the record buffer holds while the writer is busy (about 400 bytes each); the "
+        "memory of the log side is bounded by twice that.",
+    ),
+    Setting(
+        "buffer_full",
+        "PPROBE_BUFFER_FULL",
+        "wait",
+        _choice(BUFFER_FULL),
+        "When the record buffer is full: wait (the recording thread waits for the writer, "
+        "nothing is lost) or drop (rows are dropped and counted in meta.json and in the log "
+        "as `pprobe.rows_dropped` rows).",
+    ),
+    Setting(
         "flush_seconds",
         "PPROBE_FLUSH_SECONDS",
         1.0,
@@ -372,6 +390,8 @@ class Config:
     torch_params: tuple[str, ...] = ()
     sync: bool = False
     flush_rows: int = 16384
+    buffer_rows: int = 65536
+    buffer_full: str = "wait"
     flush_seconds: float = 1.0
     permissions: str = "private"
     strict: bool = False

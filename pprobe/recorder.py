@@ -454,6 +454,17 @@ def append_row(
         _wake()
 
 
+def note_dropped(n: int) -> None:
+    """A ``pprobe.rows_dropped`` row: ``n`` rows were dropped because the buffer was full
+    (PPROBE_BUFFER_FULL=drop). Appended by the writer thread (never refused)."""
+    o = op("pprobe.rows_dropped", "pprobe", "pprobe")
+    t = perf_counter_ns()
+    seq = next(state.seq)
+    rows = values.Text(str(n))
+    buffer.append(*_encode(seq, o.index, t, t, _get_ident(), state.step, 0, -1, -1, "ok", None,
+                           None, [], [("rows", rows)]))  # fmt: skip
+
+
 def _dtype_match(arrays: list) -> bool:
     for _idx, x, h in arrays:
         if h.dtype_name(x) in _dtypes:

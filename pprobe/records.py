@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -218,15 +219,62 @@ def encode_row(
 
 
 # ---------------------------------------------------------------------- the Python buffer
+FULL_WAIT_MAX_S = 60.0  # a recording thread waits at most this long for room, then drops
+
+
 class Buffer:
     """Rows waiting for the writer (the Python engine's; the native core has its own with the
     same methods). ``deque.append``/``popleft`` are atomic: threads never lose a row."""
 
     def __init__(self) -> None:
         self._q: deque = deque()
+        self.max_rows = 0  # back-pressure (limit()): 0, no limit
+        self.drop = False
+        self.writer_alive = False
+        self.dropped = 0.0  # a float: no small int stays referenced (NumPy's tests count)
+        self._local = threading.local()
+
+    def limit(self, max_rows: int, drop: bool, writer_alive: bool) -> None:
+        """At most ``max_rows`` rows; when full, wait for the writer (``drop`` False, the
+        writer alive) or drop the row and count it."""
+        self.max_rows, self.drop, self.writer_alive = max_rows, drop, writer_alive
+
+    def mark_writer(self, flag: bool) -> bool:
+        """While set, a full buffer never makes the calling thread wait (the writer thread, or
+        a thread while it flushes); returns the previous flag."""
+        prev = getattr(self._local, "writer", False)
+        self._local.writer = flag
+        return prev
+
+    def take_dropped(self) -> int:
+        d, self.dropped = self.dropped, 0.0
+        return int(d)
 
     def append(self, head: bytes, descs: bytes, objs: tuple | None) -> None:
-        self._q.append((head, descs, objs))
+        q = self._q
+        if self.max_rows and len(q) >= self.max_rows and not self._full():
+            return
+        q.append((head, descs, objs))
+
+    def _full(self) -> bool:
+        """The buffer is full: True when there is room now, False: drop this row."""
+        from . import recorder
+
+        if getattr(self._local, "writer", False):  # the writer thread itself never waits
+            return True
+        if self.drop or not self.writer_alive:
+            self.dropped += 1.0
+            return False
+        until = time.monotonic() + FULL_WAIT_MAX_S
+        while len(self._q) >= self.max_rows:
+            wake = recorder._wake
+            if wake is not None:
+                wake()
+            time.sleep(0.0002)  # the GIL goes to the writer
+            if self.drop or not self.writer_alive or time.monotonic() > until:
+                self.dropped += 1.0
+                return False
+        return True
 
     def __len__(self) -> int:
         return len(self._q)

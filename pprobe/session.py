@@ -51,6 +51,8 @@ class Session:
             config.flush_rows,
             config.flush_seconds,
             self.run.folder,
+            buffer_rows=config.buffer_rows,
+            drop=config.buffer_full == "drop",
         )
         self.installed: dict[str, Any] = {}
         self.exit_code: Any = None

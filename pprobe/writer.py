@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 from time import perf_counter_ns
@@ -21,6 +22,9 @@ from typing import Any
 
 from . import _report, recorder, records, safefs, state, values
 from .state import INTERNAL
+
+FORK_WAIT_S = 0.25  # the longest a fork waits for a flush in progress
+SWITCH_S = 0.0002  # the GIL switch interval while the writer works
 
 
 class Writer:
@@ -32,6 +36,8 @@ class Writer:
         flush_rows: int,
         flush_seconds: float,
         folder: safefs.RunDir | None = None,
+        buffer_rows: int = 0,
+        drop: bool = False,
     ) -> None:
         self.run_dir = run_dir
         self.folder = folder  # the run folder, held open (pprobe.safefs)
@@ -42,8 +48,11 @@ class Writer:
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self.rows_written = 0
+        self.rows_dropped = 0
         self.batches = 0
         self.failed = False
+        self.buffer_rows = buffer_rows
+        self.drop = drop
         self._init_process()
 
     def _init_process(self) -> None:
@@ -52,6 +61,8 @@ class Writer:
         self.lock = threading.Lock()
         self.event = threading.Event()
         self.stopping = False
+        self.fork_pending = False
+        self._fork_locked = False
         self.sinks: dict[str, Any] = {}
         self.thread: threading.Thread | None = None
         self._strings = _Strings()
@@ -62,21 +73,41 @@ class Writer:
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        self._limit(alive=True)
         self.thread = threading.Thread(target=self._loop, name="pprobe-writer", daemon=True)
         self.thread.start()
+
+    def _limit(self, alive: bool) -> None:
+        """Back-pressure on the record buffer (PPROBE_BUFFER_ROWS / PPROBE_BUFFER_FULL): while
+        this writer is alive a full buffer makes the recording thread wait for it; otherwise
+        (failed, closed) rows are dropped and counted, so memory never grows without bound."""
+        try:
+            recorder.buffer.limit(self.buffer_rows, self.drop, alive and not self.failed)
+        except Exception as e:
+            _report.internal_error("bounding the record buffer", e)
 
     def wake(self) -> None:
         self.event.set()
 
     def _loop(self) -> None:
         state.local.depth = INTERNAL  # this thread's own NumPy work is never recorded
-        while not self.stopping:
-            self.event.wait(self.flush_seconds)
-            self.event.clear()
-            if not self.stopping:
-                self.flush()
+        try:
+            recorder.buffer.mark_writer(True)
+        except Exception as e:
+            _report.internal_error("bounding the record buffer", e)
+        try:
+            while not self.stopping:
+                self.event.wait(self.flush_seconds)
+                self.event.clear()
+                if not self.stopping:
+                    self.flush()
+        except BaseException as e:  # the writer thread must not die silently
+            self.failed = True
+            self._limit(alive=False)
+            _report.internal_error("the writer thread", e)
 
     def close(self) -> None:
+        self._limit(alive=False)  # recording threads must not wait for a writer that stops
         self.stopping = True
         self.event.set()
         t = self.thread
@@ -95,10 +126,17 @@ class Writer:
                 self.log.close()
 
     def before_fork(self) -> None:
-        self.lock.acquire()
+        """Wait for a flush in progress (the child must not inherit pyarrow mid-write), at most
+        FORK_WAIT_S: no new flush starts while a fork is pending, so the forking thread is not
+        starved by a writer that takes the lock back to back."""
+        self.fork_pending = True
+        self._fork_locked = self.lock.acquire(timeout=FORK_WAIT_S)
 
     def after_fork_parent(self) -> None:
-        self.lock.release()
+        self.fork_pending = False
+        if self._fork_locked:
+            self._fork_locked = False
+            self.lock.release()
 
     def after_fork_child(self) -> None:
         """A forked child writes its own shard with its own thread; the parent's are not ours."""
@@ -109,11 +147,40 @@ class Writer:
     # ------------------------------------------------------------------ writing
     def flush(self) -> None:
         """Write every buffered row. Never raises."""
+        if self.fork_pending:
+            return
+        # While the writer works, other threads hand the GIL over sooner: each step of the
+        # writer that releases it (a file write, an import) would otherwise wait a whole switch
+        # interval (5 ms) for a program thread that runs pure Python to give it back.
+        old = sys.getswitchinterval()
+        fast = old > SWITCH_S
+        if fast:
+            sys.setswitchinterval(SWITCH_S)
+        try:
+            self._flush()
+        finally:
+            if fast and sys.getswitchinterval() == SWITCH_S:
+                sys.setswitchinterval(old)
+
+    def _flush(self) -> None:
         with state.internal(), self.lock:
             buf = recorder.buffer
             if self.failed:
                 buf.clear()
                 return
+            dropped = buf.take_dropped()
+            if dropped:
+                self.rows_dropped += dropped
+                prev = buf.mark_writer(True)  # the note is never refused
+                try:
+                    recorder.note_dropped(dropped)
+                finally:
+                    buf.mark_writer(prev)
+                _report.warn_once(
+                    "rows-dropped",
+                    "the record buffer was full: rows were dropped (PPROBE_BUFFER_FULL=drop); "
+                    "meta.json and pprobe.rows_dropped rows count them.",
+                )
             if not len(buf):
                 return
             heads, descs, objs, n = buf.take()
@@ -131,6 +198,7 @@ class Writer:
                 self.batches += 1
             except Exception as e:
                 self.failed = True
+                self._limit(alive=False)
                 _report.internal_error("writing the log", e)
             ops = tensors = None
             try:
@@ -226,7 +294,7 @@ class Writer:
             _ints(pa, np, ops["step"], pa.int64()),
             _ints(pa, np, ops["depth"], pa.int32()),
             _ints(pa, np, parent, pa.int64(), parent >= 0),
-            pa.array(args, type=pa.string()),
+            _texts(pa, np, args),
         ]
         ops_batch = pa.RecordBatch.from_arrays(ops_cols, schema=schema.OPS.with_metadata(meta))
         ds = np.frombuffer(descs, dtype=desc_dt)
@@ -277,8 +345,8 @@ class Writer:
             _bools(pa, np, grad == 1, grad >= 0),
             *(_floats(pa, np, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
             *(_ints(pa, np, cols[f], pa.int64(), cols[f] >= 0) for f in ("nan", "inf")),
-            pa.array(paths, type=pa.string()),
-            pa.array(notes, type=pa.string()),
+            _texts(pa, np, paths),
+            _texts(pa, np, notes),
         ]
         tensors = pa.RecordBatch.from_arrays(t_cols, schema=schema.TENSORS.with_metadata(meta))
         return ops_batch, tensors
@@ -353,11 +421,12 @@ class _Strings:
         self._consts: dict[int, Any] = {}
 
     def refresh(self) -> None:
+        import numpy as np
         import pyarrow as pa
 
         n = len(records.strings)
         if n != self.count:
-            self.dictionary = pa.array(records.strings[:n], type=pa.string())
+            self.dictionary = _texts(pa, np, records.strings[:n])
             self.count = n
 
     def gather(self, ids: Any) -> Any:
@@ -414,6 +483,26 @@ def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
     if valid is not None and not valid.all():
         bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(tp, len(v), [bitmap, pa.py_buffer(v)])
+
+
+def _texts(pa: Any, np: Any, vals: list) -> Any:
+    """A string Arrow array of ``vals`` (str or None), built from its buffers.
+
+    Not ``pa.array(list)``: pyarrow checks any object it converts for pandas types, and that
+    check imports pandas (360 modules) into the program's process where it is installed."""
+    n = len(vals)
+    if vals.count(None) == n:
+        return _nulls(pa, n, pa.string())
+    enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
+    data = b"".join(enc)
+    large = len(data) >= 1 << 31
+    offsets = np.zeros(n + 1, dtype=np.int64 if large else np.int32)
+    np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
+    valid = np.fromiter((v is not None for v in vals), dtype=bool, count=n)
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    tp = pa.large_string() if large else pa.string()
+    arr = pa.Array.from_buffers(tp, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return arr.cast(pa.string()) if large else arr
 
 
 _null_arrays: dict[Any, Any] = {}
