@@ -5,7 +5,8 @@ A :class:`Variant` says how a child starts: bare, or with pprobe's bootstrap on 
 run and deleted at the end. :func:`interleave` runs variants A B C, B C A, ... round by round,
 so that slow drift of the machine (other processes, thermal state) falls on all of them alike.
 A variant whose child fails, or that needs a part of pprobe that is not there yet (the torch
-interceptor, a torch level), is reported with its status and error, never raised.
+interceptor, a torch level) or a peer tool that is not installed (msprobe), is reported with
+its status and error, never raised.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def run_child(
             data = json.loads(line[len(MARK) :])
     if rc != 0 or data is None:
         return Outcome("failed", data or {}, wall, rss, f"exit {rc}: {_tail(se)}", cpu)
+    if data.get("unavailable"):  # the child lacks something the variant needs (a peer tool)
+        return Outcome("unavailable", data, wall, rss, str(data["unavailable"]), cpu)
     out = Outcome("ok", data, wall, rss, cpu_s=cpu)
     if v.probe and v.env.get("PPROBE") != "0":
         judge_probe(v, out, se)

@@ -7,12 +7,15 @@ library, so it never changes what the probe sees or how long start-up takes.
 
 Under the probe it also meters pprobe's writer thread (CPU per op row written, see
 ``_Meter``): workloads import it first, before numpy or torch. The result line says which
-recording engine ran (``probe.core``, read from the run's meta.json).
+recording engine ran (``probe.core``, read from the run's meta.json). A result with an
+``unavailable`` key (a peer tool the variant needs is not installed, see ``_require``) makes
+the harness report the variant ``unavailable``, not failed.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -348,6 +351,20 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def _require() -> None:
+    """Report ``unavailable`` and exit when a module the variant needs is not installed.
+
+    ``ARGS["requires"]`` maps top-level module names to what to install (a peer tool such as
+    msprobe). Checked on import of this module, before the workload imports numpy or torch, so a
+    missing peer costs no heavy import; the harness reads the ``unavailable`` key of the result.
+    """
+    for mod, install in (ARGS.get("requires") or {}).items():
+        if importlib.util.find_spec(mod) is None:
+            emit({"unavailable": f"{mod} is not installed ({install})"})
+            raise SystemExit(0)
+
+
 # Workloads import this module first, before numpy or torch: the meter must see the writer's
 # first flush (the one that imports pyarrow).
+_require()
 _start_meter()
