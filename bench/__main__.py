@@ -58,7 +58,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for pkg in ("numpy", "torch", "scipy", "pyarrow", "duckdb", "wrapt"):
+    for pkg in ("numpy", "torch", "scipy", "pyarrow", "duckdb", "wrapt", "mindstudio-probe"):
         try:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:

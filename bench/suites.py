@@ -319,6 +319,13 @@ def _program(
         if rows is not None:
             extra += f", {rows:.1f} rows/{per}"
             fig["rows_per_" + per][name] = rows
+        for key, what in (("trace_mb", "trace"), ("dump_mb", "dump"), ("setup_s", "")):
+            x = vr.median(_data(key))
+            if x is None:
+                continue
+            fig.setdefault(key, {})[name] = x
+            if what:  # a peer's output: the profiler's Chrome trace, msprobe's dump folder
+                extra += f", {what} {x:,.1f} MB"
         w = _writer_figures(vr)
         if w:
             fig["writer"][name] = w
@@ -335,6 +342,10 @@ def _program(
             fig["off_untouched"] = untouched_all(facts)
     sec.engines(runs, prefix=f"{script}/" if script != sec.name else "")
     sec.unavailable({f"{script}/{k}": v for k, v in runs.items()})
+
+
+def _data(key: str) -> Callable[[Outcome], Any]:
+    return lambda o: o.data.get(key)
 
 
 def _writer_figures(vr: VariantRuns) -> dict[str, Any]:
@@ -356,6 +367,22 @@ def _writer_figures(vr: VariantRuns) -> dict[str, Any]:
         )
     }
     return {k: v for k, v in out.items() if v is not None}
+
+
+#: msprobe (mindstudio-probe) as a peer on the torch MLP: its task -> the variant's name.
+MSPROBE = {"statistics": "msprobe statistics", "tensor": "msprobe tensor"}
+MSPROBE_PIP = "pip install mindstudio-probe==26.2.0, optional: see docs/performance.md"
+
+
+def msprobe_variants(dump_dir: str) -> list[Variant]:
+    """msprobe's peer variants of the torch MLP: "unavailable" in a child without msprobe."""
+    return [
+        Variant(
+            name,
+            args={"msprobe": task, "msprobe_dir": dump_dir, "requires": {"msprobe": MSPROBE_PIP}},
+        )
+        for task, name in MSPROBE.items()
+    ]
 
 
 def mlp_torch(plan: Plan, log: Log) -> Section:
@@ -380,13 +407,48 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
         ),
         Variant("torch.profiler", args={"profiler": True}),
     ]
+    dump_dir = tempfile.mkdtemp(prefix="pprobe-bench-msprobe-")  # msprobe's dumps, deleted after
+    extra += msprobe_variants(dump_dir)
     vs = _variants(True, extra)
     if plan.quick:  # ~2-5 s per torch child: the smoke run keeps one probed mode per level
-        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler")
+        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler", *MSPROBE.values())
         vs = [v for v in vs if v.name in keep]
-    _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")
+    try:
+        _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")
+    finally:
+        shutil.rmtree(dump_dir, ignore_errors=True)
     _writer_note(sec)
+    _peer_note(sec)
     return sec
+
+
+def _peer_note(sec: Section) -> None:
+    """How the peers ran: torch.profiler, and msprobe when it is installed."""
+    sec.notes.append(
+        "peers (context, not targets): torch.profiler(record_shapes=True) around the timed "
+        "steps, finish = __exit__ + export_chrome_trace; msprobe (mindstudio-probe) "
+        "PrecisionDebugger(config_path) with task statistics (max/min/mean/L2 norm per tensor) "
+        "or tensor (.pt files), level L1, start(model)/stop()/step() around every step (the "
+        "untimed warm-up steps too: its hooks are mounted before the timing), dumps written "
+        "inside the loop (finish empty) to a temporary folder deleted after the run; its default "
+        "INFO logging (several lines per step) goes to the child's stdout, a file"
+    )
+    fig = sec.figures.get("mlp_torch") or {}
+    setup = fig.get("setup_s") or {}
+    if setup:
+        sec.notes.append(
+            "not timed (like pprobe's start-up and the profiler's import): msprobe's import and "
+            "PrecisionDebugger(...) took " + ", ".join(f"{k}: {v:.2f} s" for k, v in setup.items())
+        )
+    missing = [
+        n for n in MSPROBE.values() if (sec.variants.get(n) or {}).get("status") == "unavailable"
+    ]
+    if missing:
+        sec.notes.append(
+            f"{', '.join(missing)}: unavailable here. msprobe is an optional peer, not a "
+            "dependency: pip install mindstudio-probe==26.2.0 (it needs no torch of its own; CI "
+            "installs it before the smoke run with torch pinned, and goes on without it)"
+        )
 
 
 def numpy_mlp(plan: Plan, log: Log) -> Section:

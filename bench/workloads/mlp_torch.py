@@ -3,12 +3,23 @@
 Times ``steps`` training steps after ``warmup`` steps. With ``profiler`` set the timed steps
 run inside torch.profiler.profile(record_shapes=True); its exit and a Chrome-trace export are
 timed as the finish cost (for pprobe the finish is its own stop: flush and metadata).
+
+With ``msprobe`` set to ``statistics`` or ``tensor`` (mindstudio-probe's task), the warm-up and
+timed steps each run between msprobe's ``PrecisionDebugger`` ``start(model)``, ``stop()`` and
+``step()``, at level L1 (every torch API call), the way its documentation shows. msprobe writes
+each step's dump inside the loop (``async_dump`` off), so its finish is empty. Its dump folder
+is a temporary folder under ``msprobe_dir``, deleted before the child exits; ``dump_mb`` is what
+the timed steps wrote. The suite passes ``requires``: without msprobe the child reports
+``unavailable`` before importing torch (``_child._require``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
+from typing import Any
 
 import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import torch
@@ -38,9 +49,62 @@ def step(i: int) -> float:
     return loss
 
 
-def main() -> None:
-    for i in range(warmup):
+def _size(path: str) -> tuple[int, int]:
+    """(bytes, files) under ``path``."""
+    nbytes = files = 0
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            nbytes += os.path.getsize(os.path.join(root, n))
+            files += 1
+    return nbytes, files
+
+
+def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
+    """The warm-up and timed steps under msprobe (task statistics or tensor, level L1)."""
+    dump = os.path.join(folder, "dump")
+    what: dict[str, Any] = {"scope": [], "list": [], "data_mode": ["all"]}
+    if task == "statistics":
+        what["summary_mode"] = "statistics"  # max, min, mean, L2 norm per tensor
+    config = {
+        "task": task,
+        "dump_path": dump,
+        "rank": [],
+        "step": [],
+        "level": "L1",
+        "async_dump": False,
+        task: what,
+    }
+    path = os.path.join(folder, "config.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    with Span() as setup:  # like pprobe's start-up and the profiler's import: not timed
+        from msprobe.pytorch import PrecisionDebugger
+
+        dbg = PrecisionDebugger(config_path=path)
+
+    def probed(i: int) -> None:
+        dbg.start(model)
         step(i)
+        dbg.stop()
+        dbg.step()
+
+    for i in range(warmup):  # the first start() mounts msprobe's hooks: not in the timing
+        probed(i)
+    b0, f0 = _size(dump)
+    with Span() as loop:
+        for i in range(steps):
+            probed(i)
+    b1, f1 = _size(dump)
+    loop.put(out, "loop_s")
+    setup.put(out, "setup_s")
+    out["dump_mb"], out["dump_files"] = (b1 - b0) / 1e6, f1 - f0
+    out["msprobe"] = {"task": task, "level": "L1"}
+
+
+def main() -> None:
+    if not ARGS.get("msprobe"):  # msprobe's warm-up runs under it (run_msprobe)
+        for i in range(warmup):
+            step(i)
     out: dict = {"steps": steps, "units": warmup + steps + 1}
     if ARGS.get("profiler"):
         from torch.profiler import ProfilerActivity, profile
@@ -62,6 +126,12 @@ def main() -> None:
         ex.put(out, "exit_s")
         export.put(out, "export_s")
         out["finish_s"] = ex.s + export.s
+    elif ARGS.get("msprobe"):
+        d = tempfile.mkdtemp(prefix="msprobe-", dir=ARGS.get("msprobe_dir"))
+        try:
+            run_msprobe(ARGS["msprobe"], d, out)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
     else:
         with Span() as loop:
             for i in range(steps):
