@@ -1,0 +1,78 @@
+"""bench/: the peer variants that need an optional tool (msprobe) are "unavailable" without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import harness, suites, targets
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A venv without site-packages: msprobe is not installed there, whatever this one has."""
+    d = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(d)], check=True)
+    return str(d / "bin" / "python")
+
+
+def _msprobe_missing(tmp: Path, python: str) -> list[harness.Variant]:
+    vs = suites.msprobe_variants(str(tmp))
+    assert [v.name for v in vs] == list(suites.MSPROBE.values())
+    for v in vs:
+        assert v.args["requires"] == {"msprobe": suites.MSPROBE_PIP}
+        v.python = python
+    return vs
+
+
+def test_msprobe_variant_without_msprobe_is_unavailable(tmp_path: Path, bare_python: str) -> None:
+    for v in _msprobe_missing(tmp_path, bare_python):
+        o = harness.run_child("mlp_torch", {"steps": 2, "clock": "cpu"}, v, None, timeout=120)
+        assert o.status == "unavailable", (o.status, o.error)
+        assert o.error is not None
+        assert "msprobe is not installed" in o.error and "mindstudio-probe" in o.error
+        assert "loop_s" not in o.data  # it exited before importing torch or running a step
+    assert os.listdir(tmp_path) == []
+
+
+def test_mlp_torch_section_reports_msprobe_unavailable(
+    tmp_path: Path, bare_python: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The section's table and notes say so; the targets are the same as without the peers."""
+    names = list(suites.MSPROBE.values())
+    dump_dirs: list[str] = []
+
+    def interleave(script: str, vs: list[harness.Variant], rounds: int, args: dict[str, Any], **kw):
+        assert script == "mlp_torch" and names == [v.name for v in vs[-2:]]
+        runs = {}
+        for v in vs:
+            vr = runs[v.name] = harness.VariantRuns(v)
+            if v.name in names:  # the real child, in an interpreter without msprobe
+                dump_dirs.append(v.args["msprobe_dir"])
+                v.python = bare_python
+                vr.runs.append(harness.run_child(script, args, v, None, timeout=120))
+                continue
+            t = {"none": 1.0, "torch.profiler": 3.0}.get(v.name, 1.5)
+            vr.runs.append(harness.Outcome("ok", {"loop_s": t, "finish_s": 0.0}, t, 100.0))
+        return runs
+
+    monkeypatch.setattr(suites, "interleave", interleave)
+    sec = suites.mlp_torch(suites.Plan.make(quick=True), lambda m: None)
+    for name in names:
+        assert sec.variants[name]["status"] == "unavailable"
+        row = [r for r in sec.rows if r["variant"] == f"mlp_torch/{name}"]
+        assert row and row[0]["metric"] == "unavailable"
+        assert "msprobe is not installed" in row[0]["value"]
+        assert name not in sec.figures["mlp_torch"]["ratio"]
+    assert any("msprobe is an optional peer" in n for n in sec.notes)
+    assert dump_dirs and not any(os.path.exists(d) for d in dump_dirs)  # deleted after the run
+
+    judged = {t["target"]: t for t in targets.judge({"mlp_torch": sec})}
+    assert not any("msprobe" in t for t in judged)  # peers are context, not targets
+    what = "log mode (native engine): torch MLP overhead vs torch.profiler(record_shapes)"
+    assert judged[what]["status"] == "met"  # +50% vs the profiler's +200%
