@@ -40,6 +40,19 @@ def test_msprobe_variant_without_msprobe_is_unavailable(tmp_path: Path, bare_pyt
     assert os.listdir(tmp_path) == []
 
 
+def test_msprobe_that_cannot_be_imported_is_unavailable(tmp_path: Path) -> None:
+    """Installed but broken (a dependency of its own missing): unavailable too, with why."""
+    stub = tmp_path / "stub" / "msprobe"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ImportError('No module named tensorboard')\n")
+    v = suites.msprobe_variants(str(tmp_path))[0]
+    v.pythonpath = str(stub.parent)  # found first on sys.path: shadows any real msprobe
+    o = harness.run_child("mlp_torch", {"steps": 2, "warmup": 0, "clock": "cpu"}, v, None, 300)
+    assert o.status == "unavailable", (o.status, o.error)
+    assert o.error == "msprobe is installed but cannot be imported: No module named tensorboard"
+    assert [p.name for p in tmp_path.iterdir()] == ["stub"]  # its dump folder was deleted
+
+
 def test_mlp_torch_section_reports_msprobe_unavailable(
     tmp_path: Path, bare_python: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

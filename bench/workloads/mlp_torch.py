@@ -6,11 +6,11 @@ timed as the finish cost (for pprobe the finish is its own stop: flush and metad
 
 With ``msprobe`` set to ``statistics`` or ``tensor`` (mindstudio-probe's task), the warm-up and
 timed steps each run between msprobe's ``PrecisionDebugger`` ``start(model)``, ``stop()`` and
-``step()``, at level L1 (every torch API call), the way its documentation shows. msprobe writes
-each step's dump inside the loop (``async_dump`` off), so its finish is empty. Its dump folder
-is a temporary folder under ``msprobe_dir``, deleted before the child exits; ``dump_mb`` is what
-the timed steps wrote. The suite passes ``requires``: without msprobe the child reports
-``unavailable`` before importing torch (``_child._require``).
+``step()``, at level L1 (every torch API call). msprobe writes each step's dump inside the loop
+(``async_dump`` off), so its finish is empty. Its dump folder is a temporary folder under
+``msprobe_dir``, deleted before the child exits; ``dump_mb`` is what the timed steps wrote. The
+suite passes ``requires``: without msprobe the child reports ``unavailable`` before importing torch
+(``_child._require``), and so it does when msprobe is there but its import fails.
 """
 
 from __future__ import annotations
@@ -78,8 +78,11 @@ def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump(config, f)
     with Span() as setup:  # like pprobe's start-up and the profiler's import: not timed
-        from msprobe.pytorch import PrecisionDebugger
-
+        try:
+            from msprobe.pytorch import PrecisionDebugger
+        except ImportError as e:  # installed without a dependency of its own, say
+            out["unavailable"] = f"msprobe is installed but cannot be imported: {e}"
+            return
         dbg = PrecisionDebugger(config_path=path)
 
     def probed(i: int) -> None:
