@@ -82,7 +82,7 @@ static _Thread_local int tl_writer = 0; /* this thread is pprobe's writer (mark_
 static _Thread_local int64_t tl_parent = -1;
 static _Thread_local PyObject *tl_module = NULL; /* str or NULL */
 static _Thread_local PyObject *tl_phase = NULL;
-static _Thread_local int tl_named = 0;
+static _Thread_local int64_t tl_thread = 0; /* this thread's serial (state.note_thread) */
 
 /* Python helpers, set by init() */
 static PyObject *py_begin = NULL;        /* recorder._begin(op, args, kwargs, depth) */
@@ -1087,10 +1087,14 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     }
     seq = g_seq++;
     for (Py_ssize_t i = 0; i < ds.n; i++) ds.d[i].seq = seq;
-    if (!tl_named) {
-        tl_named = 1;
+    if (!tl_thread) {
+        /* the thread's serial, its name noted now: idents are reused by the OS */
         PyObject *r = PyObject_CallNoArgs(py_note_thread);
-        if (!r) PyErr_Clear();
+        if (r) tl_thread = PyLong_AsLongLong(r);
+        if (!r || tl_thread == -1) {
+            PyErr_Clear();
+            tl_thread = 0;
+        }
         Py_XDECREF(r);
     }
     int64_t parent = -1;
@@ -1113,7 +1117,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     rec.seq = seq;
     rec.t0 = t0;
     rec.t1 = t1;
-    rec.thread = PyThread_get_thread_ident();
+    rec.thread = tl_thread;
     rec.step = g_step;
     rec.parent = parent;
     rec.op = (int32_t)opi;
@@ -1754,7 +1758,6 @@ static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
         if (!n) return NULL;
         Py_SETREF(g_buffer->objs, n);
     }
-    tl_named = 0;
     Py_RETURN_NONE;
 }
 

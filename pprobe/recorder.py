@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -31,7 +30,6 @@ buffer: Any = records.Buffer()
 _encode = records.encode_row
 
 _local = state.local
-_get_ident = threading.get_ident
 _getframe = sys._getframe
 
 # Settings read by the hot path; set by configure().
@@ -419,7 +417,7 @@ def _end(op: Op, st: tuple, t0: int, t1: int, result: Any, error: str | None, de
                 else:
                     for idx, x, h in outs:
                         ins.append(h.light("output", idx, x))
-        buffer.append(*_encode(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+        buffer.append(*_encode(seq, op.index, t0, t1, state.local.serial, state.step, depth, parent,
                                code, error or "ok", loc.module, loc.phase, ins,
                                others))  # fmt: skip
         if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
@@ -448,7 +446,7 @@ def append_row(
     layout of :data:`rows`. ``site`` comes from :func:`_caller`."""
     if site is _NOT_A_ROW:
         site = -1
-    buffer.append(*_encode(seq, op.index, t0, t1, _get_ident(), state.step, depth, parent,
+    buffer.append(*_encode(seq, op.index, t0, t1, state.local.serial, state.step, depth, parent,
                            site, status, module, phase, descs, others))  # fmt: skip
     if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
         _wake()
@@ -461,8 +459,9 @@ def note_dropped(n: int) -> None:
     t = perf_counter_ns()
     seq = next(state.seq)
     rows = values.Text(str(n))
-    buffer.append(*_encode(seq, o.index, t, t, _get_ident(), state.step, 0, -1, -1, "ok", None,
-                           None, [], [("rows", rows)]))  # fmt: skip
+    me = state.local.serial
+    buffer.append(*_encode(seq, o.index, t, t, me, state.step, 0, -1, -1, "ok", None, None, [],
+                           [("rows", rows)]))  # fmt: skip
 
 
 def _dtype_match(arrays: list) -> bool:

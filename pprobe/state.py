@@ -12,9 +12,11 @@ from . import core
 INTERNAL = 1 << 20
 
 
-#: ident -> name of every thread that used pprobe's thread state. The writer names rows by the
-#: live threads first; a thread that ended before its rows were flushed is only found here.
-thread_names: dict[int | None, str] = {}
+#: serial -> name of every thread that used pprobe's thread state. Rows carry the thread's
+#: serial number (given on its first use of pprobe's state), not its ident: the OS reuses
+#: idents, and a later thread must not lend its name to an ended thread's rows.
+thread_names: dict[int, str] = {}
+_serials = itertools.count(1)
 
 
 class _Local(threading.local):
@@ -24,12 +26,14 @@ class _Local(threading.local):
     module = None  # innermost nn.Module path (set by the torch interceptor)
     phase = None  # "forward" / "backward" where a framework tells (torch aten level)
     mstack = None  # torch: running nn.Modules, linked (path, module, rest, row-in-progress)
+    serial = 0  # this thread's number in rows (thread_names)
 
     def __init__(self) -> None:
         # threading.local runs __init__ once per thread, on the thread's first use of it
-        # (the hot path's first read of ``depth``): no per-call cost.
-        t = threading.current_thread()
-        thread_names[t.ident] = t.name
+        # (the hot path's first read of ``depth``): no per-call cost. The name is the one the
+        # thread has when it first records.
+        self.serial = s = next(_serials)
+        thread_names[s] = threading.current_thread().name
 
 
 _native = core.native
@@ -58,11 +62,10 @@ def reset_after_fork() -> None:
         seq = itertools.count()
 
 
-def note_thread() -> None:
-    """Remember the current thread's name (the native core calls it on a thread's first row,
-    so rows of a thread that ended before the flush keep their name)."""
-    t = threading.current_thread()
-    thread_names[t.ident] = t.name
+def note_thread() -> int:
+    """The current thread's serial number, its name noted (the native core calls it on a
+    thread's first row, so rows of a thread that ended before the flush keep their name)."""
+    return local.serial  # type: ignore[no-any-return]
 
 
 class internal:

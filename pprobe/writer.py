@@ -252,14 +252,13 @@ class Writer:
         site_ids = self._site_table(np)
         seq = ops["seq"]
         t0 = ops["t0"]
-        # Thread names: per distinct ident.
+        # Thread names: per distinct thread serial (state.thread_names).
         threads = ops["thread"]
         if n and (threads == threads[0]).all():  # one thread: no sort
             thr_u, thr_inv = threads[:1], np.zeros(n, dtype=np.intp)
         else:
             thr_u, thr_inv = np.unique(threads, return_inverse=True)
-        live = {t.ident: t.name for t in threading.enumerate()}
-        names = [live.get(t) or state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
+        names = [state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
         thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
         strs.refresh()
         op_index = ops["op"]

@@ -373,6 +373,30 @@ def test_thread_column_names_threads_that_ended_before_the_flush(tmp_path: Path)
     assert threads == ["short-lived", "MainThread"]
 
 
+def test_threads_keep_their_names_when_thread_ids_are_reused(tmp_path: Path) -> None:
+    # Short-lived threads one after the other: the OS hands the same ids out again, and a
+    # later thread must not lend its name to an earlier one's rows.
+    r = run_script(
+        tmp_path,
+        """
+        import threading
+        import numpy as np
+        ids = set()
+        for k in range(8):
+            t = threading.Thread(target=lambda k=k: np.add(np.ones(2), k), name=f"worker-{k}")
+            t.start()
+            t.join()
+            ids.add(t.ident)
+        print(len(ids))
+        """,
+        env={"PPROBE_MODE": "log", "PPROBE_FLUSH_SECONDS": "60"},
+    ).check()
+    assert int(r.out.split()[-1]) < 8  # ids were reused: the case this test is about
+    rows = ops(r.run_dir, "op = 'numpy.add'")
+    assert [x["thread"] for x in rows] == [f"worker-{k}" for k in range(8)]
+    assert [x["args"] for x in rows] == [f"1={k}" for k in range(8)]
+
+
 def test_caller_points_at_the_users_file_and_line(tmp_path: Path) -> None:
     lib = write(
         tmp_path / "mylib.py",
