@@ -49,7 +49,7 @@ static size_t q_bytes = 0, q_max = 64u << 20;
 static uint64_t n_submitted = 0, n_completed = 0, n_files = 0, n_links = 0, n_failed = 0;
 static uint64_t bytes_written = 0;
 static int dirfd_ = -1;
-static int running = 0, stopping = 0;
+static int running = 0, stopping = 0, idle = 0;
 static pthread_t thread;
 static Failure *failures = NULL;
 
@@ -103,7 +103,11 @@ static void *worker(void *unused) {
     (void)unused;
     pthread_mutex_lock(&mu);
     for (;;) {
-        while (!q_head && !stopping) pthread_cond_wait(&cv_work, &mu);
+        while (!q_head && !stopping) {
+            idle = 1;
+            pthread_cond_wait(&cv_work, &mu);
+            idle = 0;
+        }
         if (!q_head) break; /* stopping and drained */
         Job *j = q_head;
         int dfd = dirfd_;
@@ -135,7 +139,9 @@ static void *worker(void *unused) {
             bytes_written += j->len;
         }
         pthread_cond_broadcast(&cv_done);
-        free_job(j);
+        pthread_mutex_unlock(&mu);
+        free_job(j); /* outside the lock: freeing a large block is a syscall */
+        pthread_mutex_lock(&mu);
     }
     running = 0;
     pthread_cond_broadcast(&cv_done);
@@ -229,7 +235,7 @@ static int enqueue(Job *j) {
     q_tail = j;
     q_bytes += j->len;
     n_submitted++;
-    pthread_cond_signal(&cv_work);
+    if (idle) pthread_cond_signal(&cv_work); /* a busy writer finds the job by itself */
     return 0;
 }
 
