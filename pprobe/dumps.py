@@ -48,6 +48,7 @@ NAME_MAX = 200  # bytes; file systems allow 255
 SMALL = 4096  # bytes: below this much budget left, dumping stops
 _DISK_FULL = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_dtype_name: Any = None  # numpy_arrays.dtype_name, once numpy is imported
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
@@ -398,9 +399,12 @@ class Dumper:
     def _header(self, a: Any) -> bytes:
         # Keyed by texts: the cache must hold no dtype object and no small int (NumPy's own
         # tests count their references).
-        from .interceptors.numpy_arrays import dtype_name  # numpy is imported by now
+        global _dtype_name
+        if _dtype_name is None:
+            from .interceptors.numpy_arrays import dtype_name  # numpy is imported by now
 
-        key = (dtype_name(a.dtype), repr(a.shape))
+            _dtype_name = dtype_name
+        key = (_dtype_name(a.dtype), repr(a.shape))
         h = self._headers.get(key)
         if h is None:
             h = npy_header(a.dtype, a.shape)

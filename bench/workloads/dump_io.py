@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 
 import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
 import numpy as np
@@ -34,12 +35,19 @@ def busy(k: int) -> int:
 
 
 def dumped() -> tuple[int, int]:
-    """(files, bytes) pprobe has dumped so far in this process."""
+    """(files, bytes) pprobe has written so far in this process."""
     s = session()
     if s is None or s.dumper is None:
         return 0, 0
     d = s.dumper.summary()
     return d["files"], d["bytes_written"]
+
+
+def drain() -> None:
+    """Wait until pprobe's dump writer has written every file queued so far."""
+    s = session()
+    if s is not None and s.dumper is not None:
+        s.dumper.barrier()
 
 
 def main() -> None:
@@ -54,12 +62,17 @@ def main() -> None:
     total = 2 * count * (x.nbytes + 128)
     if kind == "disk":
         buf = np.ones(total, dtype=np.uint8)  # touched before the timing: no page faults
+    th0 = time.thread_time()  # the main thread's own CPU: what the program pays
     with Span() as sp:
+        # x[0] changes every iteration: each dump is new content (a repeated content is a
+        # hard link, which would measure nothing of the disk).
         if kind == "op":
-            for _ in range(count):
+            for i in range(count):
+                x[0] = i
                 neg(x)
         elif kind == "duty":
-            for _ in range(count):
+            for i in range(count):
+                x[0] = i
                 busy(busy_iters)
                 neg(x)
         elif kind == "np_save":
@@ -75,6 +88,12 @@ def main() -> None:
                     os.fsync(f.fileno())
             out["files"], out["bytes"] = 1, total
     sp.put(out, "loop_s")
+    out["loop_thread_s"] = time.thread_time() - th0
+    # The files are written by pprobe's writer thread while the loop runs: the throughput is
+    # what reached the disk by the time the last file was written (wall clock).
+    with Span() as dr:
+        drain()
+    out["drain_s"] = dr.wall
     if kind == "disk" and ARGS.get("fsync"):
         out["loop_s"] = sp.wall  # waiting for the device is not CPU time
     if made:
