@@ -432,11 +432,37 @@ def fnmatchcase_short(short: str, pattern: str) -> bool:
 
 
 # ---------------------------------------------------------------- loading
-def _read_toml(path: str) -> dict[str, Any]:
-    import tomllib  # only when a file exists: keeps start-up lean
+def _toml_parser() -> Any:
+    """tomllib (3.11+), else tomli (a dependency on 3.10), else None. Imported only when a file
+    exists: keeps start-up lean."""
+    try:
+        import tomllib
 
+        return tomllib
+    except ModuleNotFoundError:
+        pass
+    try:
+        import tomli
+
+        return tomli
+    except ModuleNotFoundError:
+        return None
+
+
+def _read_toml(path: str, is_pyproject: bool = False) -> dict[str, Any]:
     with open(path, "rb") as f:
-        return tomllib.load(f)
+        raw = f.read()
+    parser = _toml_parser()
+    if parser is None:
+        # As coverage.py does: a pyproject.toml that says nothing of pprobe needs no parser.
+        if is_pyproject and b"pprobe" not in raw:
+            return {}
+        raise ConfigError(
+            f"{path}: reading it needs tomli on Python < 3.11; allowed: pip install tomli, "
+            "or settings in PPROBE_* variables"
+        )
+    data: dict[str, Any] = parser.loads(raw.decode("utf-8"))
+    return data
 
 
 def file_values(cwd: str | None = None) -> dict[str, tuple[Any, str]]:
@@ -458,8 +484,10 @@ def file_values(cwd: str | None = None) -> dict[str, tuple[Any, str]]:
         candidates.append((os.path.join(cwd, "pprobe.toml"), False))
     for path, is_pyproject in candidates:
         try:
-            data = _read_toml(path)
-        except Exception as e:  # tomllib.TOMLDecodeError, OSError
+            data = _read_toml(path, is_pyproject)
+        except ConfigError:
+            raise
+        except Exception as e:  # tomllib.TOMLDecodeError, OSError, UnicodeDecodeError
             raise ConfigError(f"{path}: cannot be read as TOML: {e}") from None
         if is_pyproject:
             data = data.get("tool", {}).get("pprobe", {})

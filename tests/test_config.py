@@ -5,6 +5,7 @@ settings table lists every variable."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,33 @@ def test_readme_settings_table_lists_every_variable() -> None:
     documented = {s.env for s in config.SETTINGS}
     assert documented - in_table == set(), "settings missing from README's table"
     assert in_table - documented - set(config.OTHER_ENV) == set(), "unknown names in README"
+
+
+# ---------------------------------------------------------------------------------------------
+# Python 3.10 has no tomllib: pprobe reads TOML with tomli there (a dependency on 3.10).
+def test_pyproject_is_read_on_this_python(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.pprobe]\nevery = 3\n')
+    assert config.load(env={}, cwd=str(tmp_path)).every == 3
+
+
+def test_without_tomllib_tomli_reads_the_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("tomli")
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on Python 3.10
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.pprobe]\nevery = 3\n')
+    write(tmp_path / "pprobe.toml", "first = 4\n")
+    cfg = config.load(env={}, cwd=str(tmp_path))
+    assert (cfg.every, cfg.first) == (3, 4)
+
+
+def test_without_any_toml_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tomllib", None)
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    # A pyproject.toml that does not mention pprobe is not read (as coverage.py does) ...
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n')
+    assert config.load(env={}, cwd=str(tmp_path)) == config.Config()
+    # ... one that does, or a pprobe.toml, says what to install.
+    write(tmp_path / "pprobe.toml", "first = 4\n")
+    with pytest.raises(config.ConfigError, match="pprobe.toml: reading it needs tomli"):
+        config.load(env={}, cwd=str(tmp_path))
