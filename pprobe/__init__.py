@@ -15,16 +15,20 @@ __version__ = "0.1.0"
 __all__ = ["enable", "disable", "probe", "step", "load", "active_run_dir", "__version__"]
 
 
-def enable(**settings: Any) -> str:
+def enable(**settings: Any) -> str | None:
     """Start probing this process (settings as in the README table, e.g. ``mode="stats"``).
 
-    Explicit arguments win over environment variables and config files. Returns the run folder.
+    Explicit arguments win over environment variables and config files. Returns the run folder,
+    or None when ``PPROBE=0`` (the kill switch wins over this call too: nothing is started).
     Raises :class:`pprobe.config.ConfigError` for a bad setting (nothing is started then).
     """
     from . import _startup, config
-    from .session import Session
 
     _startup._done = True  # a later bootstrap call must not start a second session
+    if _startup.killed():
+        return None
+    from .session import Session
+
     cfg = config.load(overrides={"enabled": True, **settings})
     return Session.start(cfg).run.dir
 
@@ -38,12 +42,13 @@ def disable() -> None:
 
 
 class probe:
-    """``with pprobe.probe(mode="log") as run_dir:`` probes the block only."""
+    """``with pprobe.probe(mode="log") as run_dir:`` probes the block only (run_dir is None
+    when ``PPROBE=0``)."""
 
     def __init__(self, **settings: Any) -> None:
         self.settings = settings
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> str | None:
         return enable(**self.settings)
 
     def __exit__(self, *exc: object) -> None:

@@ -43,10 +43,16 @@ def initialize(source: str = "api") -> bool:
         return False
 
 
-def _initialize(source: str) -> bool:
+def killed() -> bool:
+    """``PPROBE=0`` (false, no, off): the kill switch, which wins over everything, enable()
+    included."""
     flag = os.environ.get("PPROBE")
-    if flag is not None and flag.strip().lower() in ("0", "false", "no", "off"):
-        return False  # kill switch
+    return flag is not None and flag.strip().lower() in ("0", "false", "no", "off")
+
+
+def _initialize(source: str) -> bool:
+    if killed():
+        return False
     if excluded_program():
         return False
     from . import config as cfgmod

@@ -258,6 +258,27 @@ def test_kill_switch(tmp_path: Path) -> None:
         assert not r.output.exists()
 
 
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_kill_switch_wins_over_enable_and_probe(tmp_path: Path, value: str) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        import pprobe
+        print(pprobe.enable(mode="log"), pprobe.active_run_dir())
+        np.add(np.ones(2), 1)
+        pprobe.disable()
+        with pprobe.probe(mode="log") as run_dir:
+            np.add(np.ones(2), 2)
+            print(run_dir, pprobe.active_run_dir())
+        """,
+        probe=False,
+        env={"PYTHONPATH": str(REPO), "PPROBE": value},
+    ).check()
+    assert r.out.split() == ["None"] * 4
+    assert r.err == "" and not r.output.exists()
+
+
 def test_pip_is_never_probed(tmp_path: Path) -> None:
     r = run([PYTHON, "-m", "pip", "--version"], tmp_path, env={"PPROBE": "1"}).check()
     assert r.out.startswith("pip ")
