@@ -16,7 +16,11 @@ _seen: set[tuple[str, str]] = set()
 _listeners: list[Any] = []  # called after a new error (the run re-writes its metadata)
 
 
-def internal_error(where: str, exc: BaseException) -> None:
+def internal_error(
+    where: str,
+    exc: BaseException,
+    outcome: str = "The program goes on; this is recorded in the run's metadata.",
+) -> None:
     """Record a failure inside pprobe; print it the first time this kind of failure happens."""
     key = (where, type(exc).__name__)
     if key in _seen:
@@ -35,10 +39,7 @@ def internal_error(where: str, exc: BaseException) -> None:
             "count": 1,
         }
     )
-    _emit(
-        f"pprobe: internal error in {where}: {type(exc).__name__}: {exc}. "
-        "The program goes on; this is recorded in the run's metadata."
-    )
+    _emit(f"pprobe: internal error in {where}: {type(exc).__name__}: {exc}. {outcome}")
     for fn in list(_listeners):
         try:
             fn()

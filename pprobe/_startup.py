@@ -39,7 +39,15 @@ def initialize(source: str = "api") -> bool:
     except BaseException as e:  # noqa: BLE001 - start-up must never break the program
         from . import _report
 
-        _report.internal_error("start-up", e)
+        # No run holds it when start-up failed before the session started.
+        session = sys.modules.get("pprobe.session")
+        started = session is not None and session.Session.active is not None
+        outcome = (
+            "The program goes on; this is recorded in the run's metadata."
+            if started
+            else "The program runs without pprobe."
+        )
+        _report.internal_error("start-up", e, outcome)
         return False
 
 
@@ -61,9 +69,9 @@ def _initialize(source: str) -> bool:
         defaults = {} if source == "pth" else {"enabled": True}
         cfg = _load(cfgmod, defaults)
     except cfgmod.ConfigError as e:
-        strict = os.environ.get("PPROBE_STRICT", "").strip().lower() in ("1", "true", "yes", "on")
+        strict = cfgmod.strict_requested()
         if strict:
-            sys.stderr.write(f"pprobe: configuration error: {e}. PPROBE_STRICT=1: stopping.\n")
+            sys.stderr.write(f"pprobe: configuration error: {e}. {strict}: stopping.\n")
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -74,7 +82,7 @@ def _initialize(source: str) -> bool:
             os._exit(2)
         sys.stderr.write(
             f"pprobe: configuration error: {e}. The program runs without pprobe "
-            "(PPROBE_STRICT=1 makes this fatal).\n"
+            "(PPROBE_STRICT=1 or strict = true makes this fatal).\n"
         )
         return False
     if not cfg.enabled:

@@ -465,12 +465,11 @@ def _read_toml(path: str, is_pyproject: bool = False) -> dict[str, Any]:
     return data
 
 
-def file_values(cwd: str | None = None) -> dict[str, tuple[Any, str]]:
-    """Values from pyproject.toml [tool.pprobe] then pprobe.toml / PPROBE_CONFIG (later wins)."""
+def _candidates(cwd: str | None, env: Mapping[str, str]) -> list[tuple[str, bool]]:
+    """(path, is_pyproject) of the files to read, lowest precedence first."""
     cwd = cwd or os.getcwd()
-    out: dict[str, tuple[Any, str]] = {}
     pyproject = os.path.join(cwd, "pyproject.toml")
-    explicit = os.environ.get("PPROBE_CONFIG")
+    explicit = env.get("PPROBE_CONFIG")
     candidates: list[tuple[str, bool]] = []
     if os.path.isfile(pyproject):
         candidates.append((pyproject, True))
@@ -482,24 +481,72 @@ def file_values(cwd: str | None = None) -> dict[str, tuple[Any, str]]:
         candidates.append((explicit, False))
     elif os.path.isfile(os.path.join(cwd, "pprobe.toml")):
         candidates.append((os.path.join(cwd, "pprobe.toml"), False))
-    for path, is_pyproject in candidates:
-        try:
-            data = _read_toml(path, is_pyproject)
-        except ConfigError:
-            raise
-        except Exception as e:  # tomllib.TOMLDecodeError, OSError, UnicodeDecodeError
-            raise ConfigError(f"{path}: cannot be read as TOML: {e}") from None
-        if is_pyproject:
-            data = data.get("tool", {}).get("pprobe", {})
-        if not isinstance(data, dict):
-            continue
-        for key, value in data.items():
+    return candidates
+
+
+def _table(path: str, is_pyproject: bool) -> dict[str, Any]:
+    """pprobe's table of one file: all of pprobe.toml, ``[tool.pprobe]`` of pyproject.toml."""
+    try:
+        data = _read_toml(path, is_pyproject)
+    except ConfigError:
+        raise
+    except Exception as e:  # tomllib.TOMLDecodeError, OSError, UnicodeDecodeError
+        raise ConfigError(f"{path}: cannot be read as TOML: {e}") from None
+    if not is_pyproject:
+        return data
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise ConfigError(
+            f"{path}: tool = {tool!r} is not valid; allowed: a table ([tool.pprobe] holds "
+            "pprobe's settings)"
+        )
+    table = tool.get("pprobe", {})
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{path}: [tool] pprobe = {table!r} is not valid; allowed: a table [tool.pprobe] "
+            'of settings such as mode = "log"'
+        )
+    return table
+
+
+def file_values(
+    cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, tuple[Any, str]]:
+    """Values from pyproject.toml [tool.pprobe] then pprobe.toml / PPROBE_CONFIG (later wins)."""
+    out: dict[str, tuple[Any, str]] = {}
+    for path, is_pyproject in _candidates(cwd, os.environ if env is None else env):
+        for key, value in _table(path, is_pyproject).items():
             if key not in BY_FIELD:
                 raise ConfigError(
                     f"{path}: unknown setting {key!r}; allowed: {', '.join(sorted(BY_FIELD))}"
                 )
             out[key] = (value, path)
     return out
+
+
+def strict_requested(env: Mapping[str, str] | None = None, cwd: str | None = None) -> str | None:
+    """After a :class:`ConfigError`: the setting that makes it fatal (``PPROBE_STRICT=1``,
+    ``strict = true (path)``), or None. Each layer is read on its own, so ``strict = true``
+    counts even when another line of its file is the error; the environment wins."""
+    env = os.environ if env is None else env
+    if "PPROBE_STRICT" in env:
+        try:
+            return "PPROBE_STRICT=1" if _bool("PPROBE_STRICT", env["PPROBE_STRICT"]) else None
+        except ConfigError:
+            return None
+    found = None
+    try:
+        candidates = _candidates(cwd, env)
+    except ConfigError:
+        candidates = []
+    for path, is_pyproject in candidates:
+        try:
+            table = _table(path, is_pyproject)
+            if "strict" in table:
+                found = f"strict = true ({path})" if _bool("strict", table["strict"]) else None
+        except ConfigError:
+            continue
+    return found
 
 
 def load(
@@ -511,7 +558,7 @@ def load(
     if env is None:
         env = os.environ
     raw: dict[str, tuple[Any, str]] = {}
-    raw.update(file_values(cwd))
+    raw.update(file_values(cwd, env))
     for s in SETTINGS:
         if s.env in env:
             raw[s.field] = (env[s.env], "env " + s.env)

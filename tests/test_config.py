@@ -248,3 +248,47 @@ def test_without_any_toml_parser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     write(tmp_path / "pprobe.toml", "first = 4\n")
     with pytest.raises(config.ConfigError, match="pprobe.toml: reading it needs tomli"):
         config.load(env={}, cwd=str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# strict = true in a config file, and tables that are not tables.
+@pytest.mark.parametrize(
+    "name, text, env",
+    [
+        ("pprobe.toml", 'strict = true\nmode = "bogus"\n', {}),
+        ("pprobe.toml", "strict = true\n", {"PPROBE_MODE": "bogus"}),
+        ("pyproject.toml", '[tool.pprobe]\nstrict = true\nmode = "bogus"\n', {}),
+        ("pyproject.toml", "[tool.pprobe]\nstrict = true\ncolour = 1\n", {}),
+    ],
+    ids=["toml", "toml-env-error", "pyproject", "pyproject-unknown-key"],
+)
+def test_strict_in_a_config_file(tmp_path: Path, name: str, text: str, env: dict) -> None:
+    write(tmp_path / name, text)
+    r = run_script(tmp_path, PROG, env=env)
+    assert r.rc == 2 and r.out == "", r.err
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and "strict = true" in lines[0] and name in lines[0], r.err
+    # The environment wins over the file.
+    r = run_script(tmp_path, PROG, env={**env, "PPROBE_STRICT": "0"})
+    assert r.rc == 0 and r.out.startswith("result") and len(r.err.splitlines()) == 1, r.err
+    assert not r.output.exists()
+
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [('tool = "x"\n', "tool = 'x'"), ("[tool]\npprobe = 5\n", "pprobe = 5")],
+    ids=["tool-not-a-table", "pprobe-not-a-table"],
+)
+def test_pyproject_tool_tables_that_are_not_tables(tmp_path: Path, text: str, expect: str) -> None:
+    plain = run_script(tmp_path, PROG, probe=False).check()
+    write(tmp_path / "pyproject.toml", text)
+    r = run_script(tmp_path, PROG)
+    assert (r.rc, r.out) == (plain.rc, plain.out)
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("pprobe: configuration error: ") and "internal" not in lines[0]
+    assert "pyproject.toml" in lines[0] and expect in lines[0] and "table" in lines[0]
+    assert "metadata" not in lines[0]  # there is no run to hold it
+    assert not r.output.exists()
+    r = run_script(tmp_path, PROG, env={"PPROBE_STRICT": "1"})
+    assert r.rc == 2 and r.out == "" and "PPROBE_STRICT=1: stopping" in r.err
