@@ -143,10 +143,57 @@ def _size(name: str, v: Any) -> int:
 
 
 def _str(name: str, v: Any) -> str:
-    s = str(v).strip()
-    if not s:
-        raise ConfigError(f"{name}={v!r} is not valid; allowed: a non-empty path")
+    s = v.strip() if isinstance(v, str) else ""
+    if not s:  # a TOML list or number is no path: never str() it into a folder name
+        raise ConfigError(f"{name}={v!r} is not valid; allowed: a non-empty path (a string)")
     return s
+
+
+#: What ``str(dtype)`` prints for NumPy's and torch's dtypes (torch's without ``torch.``), as
+#: the recorder compares them: the sized names, NumPy's type strings ('<U5', '>f8') and
+#: datetime units. Checked without importing either framework (start-up imports neither).
+_DTYPE_NAME = re.compile(
+    r"bool|object|StringDType\(\)|bfloat16|u?int\d{1,2}|float\d{1,3}|complex\d{2,3}"
+    r"|float[48]_\w+|bits\w+|qu?int\d+(x\d+)?|(datetime|timedelta)64(\[\d*[a-zA-Z]+\])?"
+    r"|[<>|=]?[biufcmMOSUVa]\d+(\[\d*[a-zA-Z]+\])?"
+)
+
+
+def _dtype_names(name: str, v: Any) -> tuple[str, ...]:
+    items = tuple(i.removeprefix("torch.") for i in _list(name, v))
+    bad = [i for i in items if not _DTYPE_NAME.fullmatch(i)]
+    if bad:
+        raise ConfigError(
+            f"{name}={v!r} is not valid: {bad[0]!r} is no dtype name; allowed: a comma-separated "
+            "list of dtype names as str(dtype) prints them, such as float32,float16,bfloat16,"
+            "int64,bool,complex64,<U5"
+        )
+    return tuple(dict.fromkeys(items))
+
+
+def never_matches(pattern: str) -> str | None:
+    """Why an include/exclude glob can match no op name, or None. Op names are dotted Python
+    names (``numpy.add``, ``torch.Tensor.add_``, ``pkg.make.<locals>.Net``); fnmatch reads a
+    ``[`` without its ``]`` as a literal ``[``."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                return "'[' has no closing ']'"
+            i = j + 1
+            continue
+        if c not in "*?" and not (c.isalnum() or c in "_.<>"):
+            return f"{c!r} is in no op name"
+        i += 1
+    return None
 
 
 def parse_steps(name: str, v: Any) -> tuple[tuple[int, int], ...]:
@@ -258,7 +305,7 @@ SETTINGS: tuple[Setting, ...] = (
         "dtypes",
         "PPROBE_DTYPES",
         (),
-        _list,
+        _dtype_names,
         "Capture only calls whose array inputs (or outputs, when there are no array inputs) "
         "have one of these dtypes, e.g. `float32,float16`. Empty: all.",
     ),
@@ -582,4 +629,16 @@ def load(
         label = s.env if src.startswith("env") else f"{k} (from {src})"
         values[k] = s.parse(label, v)
         sources[k] = src
+        if k in ("include", "exclude"):
+            for pattern in values[k]:
+                why = never_matches(pattern)
+                if why is not None:
+                    from . import _report
+
+                    _report.warn_once(
+                        f"pattern {label} {pattern}",
+                        f"{label} pattern {pattern!r} can never match an op name ({why}); "
+                        "allowed: glob patterns (*, ?, [abc]) over dotted names such as "
+                        "numpy.linalg.*,*matmul.",
+                    )
     return Config(**values, sources=sources)

@@ -33,10 +33,12 @@ BAD = [
     ("PPROBE_NESTED", "maybe", ["1/0", "true/false"]),
     ("PPROBE_FLUSH_SECONDS", "-3", ["> 0"]),
     ("PPROBE_OUTPUT", " ", ["non-empty path"]),
+    ("PPROBE_DTYPES", "float32,floot32", ["'floot32'", "dtype name", "float32,float16"]),
+    ("PPROBE_DTYPES", "double", ["'double'", "dtype name"]),
 ]
 
 
-@pytest.mark.parametrize("var, value, allowed", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("var, value, allowed", BAD, ids=[f"{b[0]}={b[1]}" for b in BAD])
 def test_bad_value_prints_one_line_and_runs_unprobed(
     tmp_path: Path, var: str, value: str, allowed: list[str]
 ) -> None:
@@ -68,8 +70,15 @@ def test_strict_makes_a_bad_value_fatal(tmp_path: Path, var: str, value: str) ->
         ("pprobe.toml", "colour = 1\n", ["pprobe.toml", "colour", "budget"]),
         ("pprobe.toml", "mode = [unclosed\n", ["pprobe.toml", "TOML"]),
         ("pyproject.toml", '[tool.pprobe]\nevery = "often"\n', ["pyproject.toml", "every"]),
+        ("pprobe.toml", 'dtypes = ["floot32"]\n', ["dtypes", "'floot32'", "dtype name"]),
     ],
-    ids=["bad-value", "unknown-key", "not-toml", "pyproject"],
+    ids=[
+        "bad-value",
+        "unknown-key",
+        "not-toml",
+        "pyproject",
+        "dtypes",
+    ],  # fmt: skip
 )
 def test_bad_config_file(tmp_path: Path, name: str, text: str, expect: list[str]) -> None:
     plain = run_script(tmp_path, PROG, probe=False).check()
@@ -292,3 +301,63 @@ def test_pyproject_tool_tables_that_are_not_tables(tmp_path: Path, text: str, ex
     assert not r.output.exists()
     r = run_script(tmp_path, PROG, env={"PPROBE_STRICT": "1"})
     assert r.rc == 2 and r.out == "" and "PPROBE_STRICT=1: stopping" in r.err
+
+
+# ---------------------------------------------------------------------------------------------
+# Values that are valid but cannot do what was meant.
+def test_dtype_names_numpy_and_torch_print_are_accepted() -> None:
+    names = "float32,bfloat16,<U5,>f8,datetime64[ns],float8_e4m3fn,torch.int64,bool,object"
+    cfg = config.load(env={"PPROBE_DTYPES": names})
+    assert cfg.dtypes == (
+        "float32", "bfloat16", "<U5", ">f8", "datetime64[ns]", "float8_e4m3fn", "int64",
+        "bool", "object",
+    )  # fmt: skip
+
+
+def test_dtype_names_match_what_numpy_prints() -> None:
+    import numpy as np
+
+    for c in np.typecodes["All"] + "U S V":
+        if c.strip():
+            config.load(env={"PPROBE_DTYPES": str(np.dtype(c))})
+    config.load(env={"PPROBE_DTYPES": str(np.dtype("M8[ms]")) + "," + str(np.dtype(">i4"))})
+
+
+@pytest.mark.parametrize(
+    "env, file, expect",
+    [
+        ({"PPROBE_INCLUDE": "["}, None, "PPROBE_INCLUDE pattern '['"),
+        ({"PPROBE_EXCLUDE": "numpy.add,numpy .sum"}, None, "PPROBE_EXCLUDE pattern 'numpy .sum'"),
+        ({}, 'include = ["x/y"]\n', "include (from "),
+    ],
+    ids=["include-bracket", "exclude-space", "toml"],
+)
+def test_a_pattern_that_can_never_match_is_warned_about(
+    tmp_path: Path, env: dict, file: str | None, expect: str
+) -> None:
+    if file:
+        write(tmp_path / "pprobe.toml", file)
+    r = run_script(tmp_path, PROG, env={"PPROBE_MODE": "log", **env}).check()
+    lines = r.pprobe_lines()
+    assert len(lines) == 1 and expect in lines[0] and "can never match" in lines[0], r.err
+    assert "allowed: glob patterns" in lines[0]
+    assert meta(r.run_dir)["warnings"] == [lines[0].removeprefix("pprobe: ")]
+
+
+def test_patterns_that_can_match_are_not_warned_about(tmp_path: Path) -> None:
+    for p in ("numpy.linalg.*", "*matmul", "[ab]dd", "[!x]*", "pkg.make.<locals>.Net", "add_"):
+        assert config.never_matches(p) is None, p
+    r = run_script(
+        tmp_path, PROG, env={"PPROBE_MODE": "log", "PPROBE_INCLUDE": "numpy.a[d]d,*ang?"}
+    ).check()
+    assert r.pprobe_lines() == []
+    assert op_names(r.run_dir) == ["numpy.arange", "numpy.add"]
+
+
+@pytest.mark.parametrize("value", ['["a", "b"]', "5", "true"])
+def test_output_in_toml_must_be_a_string(tmp_path: Path, value: str) -> None:
+    write(tmp_path / "pprobe.toml", f"output = {value}\n")
+    r = run_script(tmp_path, PROG, env={"PPROBE_OUTPUT": None}).check()
+    lines = r.err.splitlines()
+    assert len(lines) == 1 and "output" in lines[0] and "a string" in lines[0], r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pprobe.toml", "prog.py"]
