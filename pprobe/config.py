@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -102,13 +103,21 @@ def _int(minimum: int) -> Callable[[str, Any], int]:
     return parse
 
 
-def _float_pos(name: str, v: Any) -> float:
+#: PPROBE_FLUSH_SECONDS' range: below it the writer thread would spin; above it (inf, 1e10)
+#: a row could wait for ever, and waits past threading.TIMEOUT_MAX raise in the writer.
+FLUSH_SECONDS_RANGE = (0.01, 86400.0)
+
+
+def _seconds(name: str, v: Any) -> float:
+    lo, hi = FLUSH_SECONDS_RANGE
     try:
-        f = float(v)
+        f = float(v) if not isinstance(v, bool) else math.nan
     except (TypeError, ValueError):
-        f = -1.0
-    if not f > 0:
-        raise ConfigError(f"{name}={v!r} is not valid; allowed: a number of seconds > 0")
+        f = math.nan
+    if not lo <= f <= hi:  # NaN fails both comparisons
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: a number of seconds from {lo:g} to {hi:g}"
+        )
     return f
 
 
@@ -383,8 +392,8 @@ SETTINGS: tuple[Setting, ...] = (
         "flush_seconds",
         "PPROBE_FLUSH_SECONDS",
         1.0,
-        _float_pos,
-        "Longest time a recorded row waits before it is written.",
+        _seconds,
+        "Longest time a recorded row waits before it is written (0.01 to 86400).",
     ),
     Setting(
         "permissions",

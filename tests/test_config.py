@@ -31,7 +31,11 @@ BAD = [
     ("PPROBE_FRAMEWORKS", "jax", list(config.FRAMEWORKS)),
     ("PPROBE_COVERAGE", "most", list(config.COVERAGES)),
     ("PPROBE_NESTED", "maybe", ["1/0", "true/false"]),
-    ("PPROBE_FLUSH_SECONDS", "-3", ["> 0"]),
+    ("PPROBE_FLUSH_SECONDS", "-3", ["from 0.01 to 86400"]),
+    ("PPROBE_FLUSH_SECONDS", "inf", ["from 0.01 to 86400"]),
+    ("PPROBE_FLUSH_SECONDS", "1e10", ["from 0.01 to 86400"]),
+    ("PPROBE_FLUSH_SECONDS", "nan", ["from 0.01 to 86400"]),
+    ("PPROBE_FLUSH_SECONDS", "0", ["from 0.01 to 86400"]),
     ("PPROBE_OUTPUT", " ", ["non-empty path"]),
     ("PPROBE_DTYPES", "float32,floot32", ["'floot32'", "dtype name", "float32,float16"]),
     ("PPROBE_DTYPES", "double", ["'double'", "dtype name"]),
@@ -70,6 +74,7 @@ def test_strict_makes_a_bad_value_fatal(tmp_path: Path, var: str, value: str) ->
         ("pprobe.toml", "colour = 1\n", ["pprobe.toml", "colour", "budget"]),
         ("pprobe.toml", "mode = [unclosed\n", ["pprobe.toml", "TOML"]),
         ("pyproject.toml", '[tool.pprobe]\nevery = "often"\n', ["pyproject.toml", "every"]),
+        ("pprobe.toml", "flush_seconds = inf\n", ["flush_seconds", "from 0.01 to 86400"]),
         ("pprobe.toml", 'dtypes = ["floot32"]\n', ["dtypes", "'floot32'", "dtype name"]),
     ],
     ids=[
@@ -77,6 +82,7 @@ def test_strict_makes_a_bad_value_fatal(tmp_path: Path, var: str, value: str) ->
         "unknown-key",
         "not-toml",
         "pyproject",
+        "flush-inf",
         "dtypes",
     ],  # fmt: skip
 )
