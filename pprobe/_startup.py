@@ -87,6 +87,10 @@ def _initialize(source: str) -> bool:
         return False
     if not cfg.enabled:
         return False
+    missing = missing_dependencies()
+    if missing:
+        skip(f"{', '.join(missing)} cannot be imported by {sys.executable} (pprobe needs them)")
+        return False
     from .session import Session
 
     try:
@@ -98,6 +102,60 @@ def _initialize(source: str) -> bool:
         )
         return False
     return True
+
+
+#: What a session needs as soon as it starts (numpy, torch: only if the program imports them).
+REQUIRED = ("wrapt", "pyarrow")
+
+
+def missing_dependencies() -> list[str]:
+    import importlib.util
+
+    missing = []
+    for name in REQUIRED:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def skip(reason: str) -> None:
+    """This process cannot run pprobe. A child of a probed run (PPROBE_RESOLVED) starts
+    silently unprobed and leaves ``skipped/{host}-{pid}.json`` in the run folder (the run's
+    meta.json lists them); any other process says so in one line. bootstrap/_pprobe_boot.py
+    writes the same record on Pythons that cannot import pprobe."""
+    import json
+
+    resolved = os.environ.get("PPROBE_RESOLVED")
+    if not resolved:
+        sys.stderr.write(f"pprobe: {reason}; the program runs without pprobe.\n")
+        return
+    try:
+        import socket
+        import time
+
+        host = socket.gethostname()
+        folder = os.path.join(json.loads(resolved)["run_dir"], "skipped")
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"{host}-{os.getpid()}.json")
+        record = {
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "host": host,
+            "executable": sys.executable,
+            "python": sys.version.split()[0],
+            "argv": list(getattr(sys, "argv", None) or []),
+            "time": time.time(),
+            "reason": reason,
+        }
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(path + ".tmp", path)
+    except Exception:  # silent: a child never prints pprobe's troubles
+        pass
 
 
 def _load(cfgmod: Any, defaults: dict[str, Any]) -> Any:

@@ -220,9 +220,28 @@ class Run:
                 "rows_dropped": proc["rows_dropped"],
                 "errors": proc["errors"],
                 "warnings": proc["warnings"],
+                "skipped": skipped(self.dir),
                 **self.extra,
             }
             self._write_json(self.folder, "meta.json", meta)
+
+
+def skipped(run_dir: str) -> list[dict[str, Any]]:
+    """Child processes that could not run pprobe (``skipped/*.json``, written by
+    :func:`pprobe._startup.skip` or the bootstrap): pid, executable, python and why."""
+    out = []
+    try:
+        names = sorted(os.listdir(os.path.join(run_dir, "skipped")))
+    except OSError:
+        return []
+    for name in names:
+        if name.endswith(".json"):
+            try:
+                with open(os.path.join(run_dir, "skipped", name)) as f:
+                    out.append(json.load(f))
+            except (OSError, ValueError):
+                continue
+    return out
 
 
 def versions() -> dict[str, str | None]:
