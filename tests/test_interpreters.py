@@ -106,3 +106,27 @@ def test_the_bootstrap_parses_and_runs_on_every_python(tmp_path: Path, python: s
         )
     else:
         assert len(r.err.splitlines()) <= 2, r.err  # a missing dependency, the engine's line
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy versions: the dispatcher type is named, never inferred from type(np.sum).
+def test_the_dispatcher_type_is_numpys_named_class() -> None:
+    import types
+
+    import numpy as np
+
+    from pprobe.interceptors import numpy_namespace as nn
+
+    tp = nn.find_dispatcher_type()
+    assert tp is not None and tp.__name__ == "_ArrayFunctionDispatcher"
+    assert type(np.sum) is tp and type(np.concatenate) is tp
+    # Before NumPy 1.25 np.sum was a Python function and no such class existed: nothing may be
+    # taken for a dispatcher then (patching `function` would catch every Python function).
+    old = types.ModuleType("numpy")
+    old.core = types.SimpleNamespace(_multiarray_umath=types.SimpleNamespace())  # type: ignore[attr-defined]
+    old.sum = lambda a: a  # type: ignore[attr-defined]
+    assert nn.find_dispatcher_type(old) is None
+    # NumPy 1.25-1.26 keep it in numpy.core._multiarray_umath.
+    old.core._multiarray_umath._ArrayFunctionDispatcher = tp  # type: ignore[attr-defined]
+    assert nn.find_dispatcher_type(old) is tp
+    assert nn._classify(lambda a: a) is None

@@ -231,7 +231,23 @@ for _m in _UFUNC_METHODS:  # help(np.add.reduce) and inspect.signature as unprob
 
 
 # ------------------------------------------------------------------------ patching
-_dispatcher_type = type(np.sum)
+def find_dispatcher_type(numpy: Any = np) -> type | None:
+    """NumPy's array-function dispatcher class, found by its name (NumPy >= 1.25), or None.
+
+    Never ``type(np.sum)``: before NumPy 1.25 that is ``function``, and patching its call
+    slot (or hooking every instance's vectorcall) would catch every Python function."""
+    for where in ("_core", "core"):  # NumPy 2 / NumPy 1.25-1.26 (no deprecated import)
+        sub = numpy.__dict__.get(where)
+        umath = getattr(sub, "_multiarray_umath", None) if sub is not None else None
+        tp = getattr(umath, "_ArrayFunctionDispatcher", None)
+        if isinstance(tp, type) and tp.__name__ == "_ArrayFunctionDispatcher":
+            return tp
+    return None
+
+
+#: None on a NumPy without the class: its dispatchers are Python functions then, recorded as
+#: NumPy's other Python functions are.
+_dispatcher_type: Any = find_dispatcher_type()
 _proxies: dict[int, FunctionProxy] = {}  # id(original) -> proxy
 _patched: list[tuple[types.ModuleType, str, Any]] = []  # (module, attr, original)
 _patched_modules: list[types.ModuleType] = []
@@ -241,7 +257,7 @@ _installed = False
 def _classify(obj: Any) -> str | None:
     if isinstance(obj, np.ufunc):
         return "ufunc"
-    if isinstance(obj, _dispatcher_type):
+    if _dispatcher_type is not None and isinstance(obj, _dispatcher_type):
         return "function"
     if isinstance(obj, types.BuiltinFunctionType):
         return "function"
@@ -412,7 +428,7 @@ def _record_in_place(obj: Any, public: str, attr: str, hidden: bool) -> int | No
             else:
                 _method_targets[m][key] = (mop, _ufunc_orig_methods[m].__get__(obj))
         orig_call = _ufunc_orig_call
-    elif isinstance(obj, _dispatcher_type):
+    elif _dispatcher_type is not None and isinstance(obj, _dispatcher_type):
         op = recorder.op(name, "function", "numpy", hidden=hidden)
         orig_call = _dispatcher_orig_call
     else:
@@ -443,12 +459,13 @@ def _install_full() -> None:
             _native.set_type_attr(np.ufunc, m, _native.MethodProbe(orig, -1, _native_method_ops[m]))
         return
     _ufunc_orig_call = _cpython.original(np.ufunc, "__call__")
-    _dispatcher_orig_call = _cpython.original(_dispatcher_type, "__call__")
     for m in _UFUNC_METHODS:
         _ufunc_orig_methods[m] = orig = _cpython.original(np.ufunc, m)
         _cpython.set_type_attr(np.ufunc, m, _make_ufunc_method(m, orig))
     _cpython.install_call_slot(np.ufunc, _make_call(_ufunc_orig_call))
-    _cpython.install_call_slot(_dispatcher_type, _make_call(_dispatcher_orig_call))
+    if _dispatcher_type is not None:
+        _dispatcher_orig_call = _cpython.original(_dispatcher_type, "__call__")
+        _cpython.install_call_slot(_dispatcher_type, _make_call(_dispatcher_orig_call))
     # A check on the live objects before anything is recorded: the originals are reached.
     probe = np.arange(3.0)
     if not (np.add(probe, 1.0)[2] == 3.0 and np.add.reduce(probe) == 3.0 and np.sum(probe) == 3.0):
@@ -465,7 +482,8 @@ def _uninstall_full() -> None:
             by_ufunc.clear()
     else:
         for tp in (np.ufunc, _dispatcher_type):
-            _cpython.restore(tp)
+            if tp is not None:
+                _cpython.restore(tp)
     _targets.clear()
     for d in _method_targets.values():
         d.clear()
@@ -539,6 +557,8 @@ _saved_reducers: dict[type, Any] = {}
 
 def _install_reducers() -> None:
     for tp in (np.ufunc, _dispatcher_type):
+        if tp is None:
+            continue
         if copyreg.dispatch_table.get(tp) is not _reduce_original:
             _saved_reducers[tp] = copyreg.dispatch_table.get(tp)
             copyreg.pickle(tp, _reduce_original)
