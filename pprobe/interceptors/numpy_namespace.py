@@ -167,6 +167,11 @@ class FunctionProxy(wrapt.ObjectProxy):  # type: ignore[misc]
         name = getattr(w, "__qualname__", None) or getattr(w, "__name__", None)
         if mod is not None and name and getattr(mod, name, None) is self:
             return name
+        # What pickle does for the original: its type's copyreg reducer first (NumPy < 2.1
+        # ufuncs have no __module__ and pickle through numpy's _ufunc_reduce).
+        reducer = copyreg.dispatch_table.get(type(w))
+        if reducer is not None:
+            return reducer(w)
         return w.__reduce_ex__(protocol)
 
     def __reduce__(self) -> Any:
