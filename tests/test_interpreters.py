@@ -54,7 +54,10 @@ def test_a_child_on_another_python_runs_unprobed_silently_or_probed(
         pytest.skip("no other Python on this machine")
     r = run_script(tmp_path, PARENT, python, env={"PPROBE_MODE": "log"}).check()
     child = json.loads(r.out)
-    assert child["rc"] == 0 and child["err"] == "", child  # not a word from pprobe
+    # Not a word from pprobe, but where the child runs pprobe on the Python engine (the native
+    # core is built for another interpreter): the engine's one line, as in any probed process.
+    noise = [x for x in child["err"].splitlines() if "the Python engine records" not in x]
+    assert child["rc"] == 0 and noise == [], child
     pid = int(child["out"])
     m = meta(r.run_dir)
     skipped = {s["pid"]: s for s in m["skipped"]}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,7 @@ def test_public_callables_are_probed_and_restored(tmp_path: Path, coverage: str)
                     if orig.__module__.startswith("numpy") and plain:
                         assert now is orig and probed(now), f"{m.__name__}.{name}"
                         in_place += 1
-        assert checked > 400
+        assert checked > 390  # 397 with NumPy 2.0, more with later versions
         assert coverage == "namespace" or in_place > 550
     finally:
         pprobe.disable()
@@ -429,7 +430,11 @@ def test_caller_points_at_the_users_file_and_line(tmp_path: Path) -> None:
             "numpy.ones": (line_of(script, "MAIN-ONES"), "<module>"),
             "numpy.mean": (line_of(script, "MAIN-MEAN"), "f"),
             "numpy.add": (line_of(lib, "LIB-ADD"), "helper"),
-            "numpy.percentile": (line_of(script, "MAIN-PCT"), "<listcomp>"),
+            # Python 3.12 inlines comprehensions (PEP 709): no frame of their own.
+            "numpy.percentile": (
+                line_of(script, "MAIN-PCT"),
+                "<listcomp>" if sys.version_info < (3, 12) else "<module>",
+            ),
         }
         top = [x for x in rows if x["depth"] == 0]
         assert [x["op"] for x in top] == [

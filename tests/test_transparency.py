@@ -13,9 +13,32 @@ from helpers import PYTHON, TESTS_DIR, battery, op_names, run, run_script, sql, 
 from pprobe import core
 
 
+def _ufuncs_without_signature() -> bool:
+    """NumPy 2.0: ``inspect.signature(np.add)`` raises. The Python engine's ``__call__`` in
+    np.ufunc's type dict gives ufuncs one (README, Limits): a known difference."""
+    import inspect
+
+    import numpy as np
+
+    from pprobe.interceptors.numpy_namespace import probed
+
+    if probed(np.add):
+        return False  # asked before the probe starts (battery() runs unprobed first)
+    try:
+        inspect.signature(np.add)
+    except ValueError:
+        return True
+    return False
+
+
+_KNOWN: set[str] = (
+    {"introspection"} if core.ENGINE == "python" and _ufuncs_without_signature() else set()
+)
+
+
 def _diff(a: dict[str, bytes], b: dict[str, bytes]) -> list[str]:
     assert a.keys() == b.keys()
-    return [k for k in a if a[k] != b[k]]
+    return [k for k in a if a[k] != b[k] and k not in _KNOWN]
 
 
 @pytest.mark.parametrize(
