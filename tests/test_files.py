@@ -109,8 +109,8 @@ def test_run_folders_are_private_unless_widened(tmp_path: Path) -> None:
     bad = run_script(tmp_path, PROG, env={"PPROBE_PERMISSIONS": "everyone"}).check()
     assert bad.pprobe_lines() == [
         "pprobe: configuration error: PPROBE_PERMISSIONS='everyone' is not valid; allowed: "
-        "private, group, public. The program runs without pprobe (PPROBE_STRICT=1 makes "
-        "this fatal)."
+        "private, group, public. The program runs without pprobe (PPROBE_STRICT=1 or "
+        "strict = true makes this fatal)."
     ]
 
 
