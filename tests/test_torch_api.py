@@ -5,11 +5,12 @@ hidden, lossless dumps of every dtype, and a clean uninstall."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch_progs
-from helpers import meta, npy_files, op_names, ops, run_script, sql, tensors
+from helpers import meta, npy_files, op_names, ops, run, run_script, sql, tensors
 
 torch = pytest.importorskip("torch")
 
@@ -427,3 +428,21 @@ def test_sync_setting_and_unknown_level_are_reported(tmp_path: Path) -> None:
         output=tmp_path / "sync",
     ).check()
     assert op_names(r.run_dir) == ["torch.ones", "torch.Tensor.sum", "torch.Tensor.__float__"]
+
+
+def test_pytest_hides_the_modes_frame_in_tracebacks(tmp_path: Path) -> None:
+    # A torch op that raises inside a test: pytest's report shows the user's frames and
+    # torch's error, not pprobe's __torch_function__ (it sets __tracebackhide__).
+    (tmp_path / "test_user.py").write_text(
+        "import torch\n"
+        "def test_shapes():\n"
+        "    torch.add(torch.ones(2), torch.ones(3))\n"
+    )
+    r = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
+        tmp_path,
+        env={"PPROBE_MODE": "log"},
+    )
+    assert r.rc == 1, r.out + r.err
+    assert "RuntimeError" in r.out and "test_user.py:3" in r.out
+    assert "torch_api.py" not in r.out

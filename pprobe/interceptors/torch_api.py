@@ -197,6 +197,7 @@ class ApiMode(TorchFunctionMode):
     """The ``api`` level: one row per torch call the program makes."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        __tracebackhide__ = True  # pytest and IPython leave this frame out of tracebacks
         if _torch_call is not None and not _sync and _on and not _is_compiling():
             # the native core: op lookup, phase, descriptions and the row, in C
             return _torch_call(func, args, kwargs)
@@ -233,6 +234,7 @@ class AtenMode(TorchDispatchMode):
         return True
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        __tracebackhide__ = True
         if kwargs is None:
             kwargs = {}
         if not recorder._active or not _on:
