@@ -265,7 +265,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_queue",
         "PPROBE_DUMP_QUEUE",
-        256 * 1024**2,
+        32 * 1024**2,
         _size,
         "Memory for dumps waiting to be written (copies of the values at call time). A "
         "writer thread empties it off the program's threads.",
@@ -431,7 +431,7 @@ class Config:
     mode: str = "dump"
     output: str = "np_op_dumps"
     budget: int = 1024**3
-    dump_queue: int = 256 * 1024**2
+    dump_queue: int = 32 * 1024**2
     dump_full: str = "wait"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()

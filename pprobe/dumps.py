@@ -319,7 +319,7 @@ class Dumper:
     errors = _Count(5)
 
     def __init__(
-        self, run_dir: str, budget: int, queue_bytes: int = 256 << 20, when_full: str = "wait"
+        self, run_dir: str, budget: int, queue_bytes: int = 32 << 20, when_full: str = "wait"
     ) -> None:
         self.run_dir = run_dir
         self.budget = budget
