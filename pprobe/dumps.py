@@ -151,8 +151,9 @@ class PyQueue:
     def _reset(self) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.jobs: deque = deque()
+        old = getattr(self, "_n", None)
         self._n = array("q", [0] * 8)  # the _Count attributes
-        self.max = 1
+        self.max = old[7] if old is not None else 1  # a forked child keeps the queue's size
         self.fails: list = []
         self.thread: threading.Thread | None = None
         self.stopping = False
