@@ -434,9 +434,7 @@ def test_pytest_hides_the_modes_frame_in_tracebacks(tmp_path: Path) -> None:
     # A torch op that raises inside a test: pytest's report shows the user's frames and
     # torch's error, not pprobe's __torch_function__ (it sets __tracebackhide__).
     (tmp_path / "test_user.py").write_text(
-        "import torch\n"
-        "def test_shapes():\n"
-        "    torch.add(torch.ones(2), torch.ones(3))\n"
+        "import torch\ndef test_shapes():\n    torch.add(torch.ones(2), torch.ones(3))\n"
     )
     r = run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"],
