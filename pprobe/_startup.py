@@ -137,10 +137,10 @@ def skip(reason: str) -> None:
         import socket
         import time
 
+        from . import safefs
+
         host = socket.gethostname()
-        folder = os.path.join(json.loads(resolved)["run_dir"], "skipped")
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{host}-{os.getpid()}.json")
+        run = safefs.RunDir.open(json.loads(resolved)["run_dir"])
         record = {
             "pid": os.getpid(),
             "ppid": os.getppid(),
@@ -151,9 +151,14 @@ def skip(reason: str) -> None:
             "time": time.time(),
             "reason": reason,
         }
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f, indent=2)
-        os.replace(path + ".tmp", path)
+        # never through a symlink: the run folder's descriptor, O_EXCL|O_NOFOLLOW, then rename
+        folder = run.subdir("skipped")
+        try:
+            data = json.dumps(record, indent=2).encode()
+            folder.replace_atomic(f"{host}-{os.getpid()}.json", data)
+        finally:
+            folder.close()
+            run.close()
     except Exception:  # silent: a child never prints pprobe's troubles
         pass
 
