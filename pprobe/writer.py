@@ -315,21 +315,25 @@ class Writer:
             elif isinstance(st, str):
                 notes[d] = st
         path_ref, note_ref = ds["path"], ds["note"]
-        dumper = recorder._dumper
-        failed = self._failed_dumps
         for d in np.flatnonzero(note_ref >= 0).tolist():
             notes[d] = objs[int(note_ref[d])]
-        for d in np.flatnonzero(path_ref >= 0).tolist():
+        with_path = np.flatnonzero(path_ref >= 0).tolist()
+        queued = False
+        for d in with_path:
             p = objs[int(path_ref[d])]
             if p.__class__ is not str:  # values.Lazy: a dump still being copied off a device
                 p, note2 = values.resolve(p, "deferred dump") or (None, "not dumped")
                 notes[d] = note2 or notes[d]
-                if p is not None and dumper is not None:
-                    failed = dumper.barrier()  # that dump was queued just now
-            if failed and p in failed:  # the dump writer could not write it
-                notes[d] = failed[p]
-                p = None
+                queued = queued or p is not None
             paths[d] = p
+        # Dumps resolved just now were queued after the flush's wait: wait once more for them.
+        dumper = recorder._dumper
+        failed = dumper.barrier() if queued and dumper is not None else self._failed_dumps
+        if failed:
+            for d in with_path:
+                if paths[d] in failed:  # the dump writer could not write it
+                    notes[d] = failed[paths[d]]
+                    paths[d] = None
         has_stats = stats_kind != records.STATS_NONE
         grad = ds["grad"]
         t_cols = [
