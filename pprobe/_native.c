@@ -660,6 +660,100 @@ static int caller_site(int framework, int *opclass) {
     return -1;
 }
 
+/* ------------------------------------------------------------------ as_caller
+ * recorder.as_caller in C: the trampoline that calls a function from a frame looking like
+ * the innermost frame outside pprobe (warnings then name the program's line). Classes come
+ * from recorder._classify (1 pprobe, 2 dispatch machinery, 0 other), trampolines from
+ * recorder._tramp_for(code, line, globals); both are kept per code object (a reference held,
+ * so a pointer is never reused), trampolines per (code, instruction offset). */
+static PyObject *py_classify = NULL, *py_tramp_for = NULL, *py_plain = NULL;
+static Map2 g_mine, g_tramps;
+
+static PyObject *set_as_caller(PyObject *self, PyObject *args) {
+    PyObject *c, *t, *p;
+    if (!PyArg_ParseTuple(args, "OOO", &c, &t, &p)) return NULL;
+    Py_XSETREF(py_classify, Py_NewRef(c));
+    Py_XSETREF(py_tramp_for, Py_NewRef(t));
+    Py_XSETREF(py_plain, Py_NewRef(p));
+    Py_RETURN_NONE;
+}
+
+static int mine_class(PyCodeObject *code) {
+    Slot2 *s = map2_find(&g_mine, code, 0);
+    if (s) return (int)s->a;
+    PyObject *r = PyObject_CallOneArg(py_classify, (PyObject *)code);
+    if (!r) return -1;
+    long c = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (c == -1 && PyErr_Occurred()) return -1;
+    s = map2_put(&g_mine, code, 0);
+    if (!s) return -1;
+    Py_INCREF(code);
+    s->a = c;
+    return (int)c;
+}
+
+static PyObject *as_caller(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs > 1 || !py_classify) {
+        PyErr_SetString(PyExc_TypeError, "as_caller(fn=None), after set_as_caller()");
+        return NULL;
+    }
+    PyObject *fn = nargs ? args[0] : Py_None;
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed: as_caller's caller */
+    Py_XINCREF(f);
+    int dispatched = 0;
+    PyCodeObject *code = NULL;
+    while (f) {
+        code = PyFrame_GetCode(f);
+        int m = mine_class(code);
+        if (m < 0) {
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return NULL;
+        }
+        if (m == 0) {
+            if (!dispatched) break;
+            PyObject *fc = PyObject_GetAttrString(fn, "__code__");
+            if (!fc) PyErr_Clear();
+            Py_XDECREF(fc); /* compared by identity only */
+            if (fc != (PyObject *)code) break;
+            dispatched = 0;
+        } else if (m == 2) {
+            dispatched = 1;
+        }
+        Py_DECREF(code);
+        code = NULL;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    if (!f) return Py_NewRef(py_plain);
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(f);
+#else
+    int lasti = f->f_lasti * 2;
+#endif
+    Slot2 *s = map2_find(&g_tramps, code, lasti);
+    if (!s) {
+        PyObject *g = PyObject_GetAttrString((PyObject *)f, "f_globals");
+        PyObject *t = g ? PyObject_CallFunction(py_tramp_for, "OiO", (PyObject *)code,
+                                                PyFrame_GetLineNumber(f), g)
+                        : NULL;
+        Py_XDECREF(g);
+        if (!t || !(s = map2_put(&g_tramps, code, lasti))) {
+            Py_XDECREF(t);
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return NULL;
+        }
+        Py_INCREF(code);
+        s->a = (intptr_t)t; /* owned */
+    }
+    Py_DECREF(code);
+    Py_DECREF(f);
+    return Py_NewRef((PyObject *)s->a);
+}
+
 /* ------------------------------------------------------------------ descriptions */
 typedef struct {
     DescRec *d;
@@ -1657,6 +1751,7 @@ static PyObject *set_seq(PyObject *self, PyObject *arg) {
 
 static PyObject *clear_code_cache(PyObject *self, PyObject *unused) {
     map2_clear(&g_codes, 1);
+    map2_clear(&g_mine, 1);
     map2_clear(&g_sites, 1);
     Py_RETURN_NONE;
 }
@@ -1774,6 +1869,10 @@ static PyMethodDef methods[] = {
     {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},
     {"set_seq", set_seq, METH_O, "the next sequence number"},
     {"clear_code_cache", clear_code_cache, METH_NOARGS, "forget code classifications"},
+    {"as_caller", (PyCFunction)(void (*)(void))as_caller, METH_FASTCALL,
+     "as_caller(fn=None): recorder.as_caller"},
+    {"set_as_caller", set_as_caller, METH_VARARGS,
+     "set_as_caller(classify, tramp_for, plain): as_caller's Python helpers"},
     {"set_opcodes", set_opcodes, METH_O, "the operator class of each (opcode, oparg)"},
     {"set_operators", set_operators, METH_O,
      "{(opclass, ufunc name, reflected): op index} for ndarray operators"},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -255,6 +256,117 @@ def _is_internal(code: Any) -> Any:
     return r
 
 
+# ------------------------------------------------------------ the call, as the caller made it
+# Under the Python engine the user's function is called from a pprobe frame. Python attributes a
+# warning to the frame that is running (C code: PyErr_WarnEx) or ``stacklevel`` frames up: it
+# would name pprobe/recorder.py, keep its once-per-location registry in pprobe's globals, and
+# merge warnings from different lines of the program. So the function is called from a
+# one-line trampoline made for the call site: its code claims the caller's file, line and name,
+# and it runs in the caller's globals (``__name__``, ``__warningregistry__``). A warning then
+# has the location, module and registry it has unprobed. (The native engine calls from C.)
+_PPROBE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Line 2 is the call: the code claims to start one line above the caller's line. On the way
+# out, an exception drops the trampoline's own traceback entry (Python 3.11+; on 3.10 the
+# entry stays and shows the caller's line twice).
+_TRAMP = next(
+    c
+    for c in compile(
+        "def _t(fn, a, k):\n"
+        "    try: return fn(*a, **k)\n"
+        "    except BaseException as e: e.__traceback__ = e.__traceback__.tb_next; raise\n",
+        "<pprobe>",
+        "exec",
+    ).co_consts
+    if hasattr(c, "co_code")
+)
+#: Keyed by ids (hashing a code object hashes its bytecode); the code objects are kept alive
+#: in _kept, so an id is never reused for another code.
+_tramps: dict[tuple[int, int], Callable] = {}  # (id(code), f_lasti) -> trampoline
+_mine: dict[int, int] = {}  # id(code) -> 1 pprobe's frame, 2 dispatch machinery, 0 other
+_kept: list[Any] = []
+#: Files of a framework's dispatch machinery between the program's call and pprobe's handler
+#: (torch/overrides.py's handle_torch_function): never the caller a warning names.
+_dispatch_files: tuple[str, ...] = ()
+
+
+def add_dispatch_file(path: str) -> None:
+    """Frames of ``path`` are skipped, like pprobe's own, when :func:`as_caller` looks for the
+    frame a call came from."""
+    global _dispatch_files
+    if path not in _dispatch_files:
+        _dispatch_files = (*_dispatch_files, path)
+        _mine.clear()
+        if _native is not None:
+            _native.clear_code_cache()
+
+
+def _classify(code: Any) -> int:
+    if code in _own_code or code.co_filename.startswith(_PPROBE_DIR):
+        m = 1
+    else:
+        m = 2 if code.co_filename.startswith(_dispatch_files) else 0
+    _kept.append(code)
+    _mine[id(code)] = m
+    return m
+
+
+def as_caller(fn: Any = None) -> Callable:
+    """``t(fn, args, kwargs)`` calling ``fn`` from a frame that looks like the innermost frame
+    outside pprobe (file, line, function name, globals).
+
+    Where the way up passes a framework's dispatch machinery, and the frame above it runs
+    ``fn``'s own code, that frame is skipped too: ``fn`` dispatched to pprobe (torch's
+    ``__torch_function__`` protocol) and runs again, and the program's call of it is the one
+    to look like."""
+    f: Any = _getframe(1)
+    dispatched = False
+    while f is not None:
+        code = f.f_code
+        m = _mine.get(id(code))
+        if m is None:
+            m = _classify(code)
+        if not m:
+            if not dispatched or code is not getattr(fn, "__code__", None):
+                break
+            dispatched = False
+        elif m == 2:
+            dispatched = True
+        f = f.f_back
+    if f is None:
+        return _plain
+    key = (id(code), f.f_lasti)
+    t = _tramps.get(key)
+    if t is None:
+        t = _tramps[key] = _make_tramp(code, f.f_lineno or code.co_firstlineno, f.f_globals)
+    return t
+
+
+def _make_tramp(code: Any, line: int, globals_: dict) -> Callable:
+    changes: dict[str, Any] = {
+        "co_filename": code.co_filename,
+        "co_firstlineno": max(line - 1, 0),
+        "co_name": code.co_name,
+    }
+    if sys.version_info >= (3, 11):
+        changes["co_qualname"] = code.co_qualname
+    tramp = _TRAMP.replace(**changes)
+    # pprobe's own frame for the caller column (a new code object: no cached class is stale)
+    _own_code.add(tramp)
+    _kept.append(tramp)
+    _mine[id(tramp)] = 1
+    return types.FunctionType(tramp, globals_)
+
+
+def _plain(fn: Callable, a: tuple, k: dict) -> Any:
+    __tracebackhide__ = True
+    return fn(*a, **k)
+
+
+if _native is not None:
+    _native.set_as_caller(_classify, _make_tramp, _plain)
+    as_caller = _native.as_caller  # noqa: F811  # the same walk, in C
+
+
 _NOT_A_ROW = object()
 _NOT_SELECTED = object()  # a call PPROBE_DTYPES leaves out (its own calls may be rows)
 #: Call sites (code, line) by small int: rows keep ints, so the garbage collector can untrack
@@ -305,7 +417,7 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # pytest and IPython leave pprobe's frames out of tracebacks
     depth = _local.depth
     if (depth and (depth >= INTERNAL or not _nested)) or not _active:
-        return fn(*args, **kwargs)
+        return as_caller(fn)(fn, args, kwargs)
     if not op.selected or (op.sampled and not op.take()):
         return hidden(fn, args, kwargs)
     return _record(op, fn, args, kwargs, depth)
@@ -318,7 +430,7 @@ def hidden(fn: Callable, args: tuple, kwargs: dict) -> Any:
     depth = loc.depth
     loc.depth = depth + 1
     try:
-        return fn(*args, **kwargs)
+        return as_caller(fn)(fn, args, kwargs)
     finally:
         loc.depth = depth
 
@@ -331,14 +443,15 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
     if st.__class__ is not tuple:
         if st is _NOT_A_ROW:
             return hidden(fn, args, kwargs)
-        return fn(*args, **kwargs)
+        return as_caller(fn)(fn, args, kwargs)
     # The user's function runs outside pprobe's try blocks: its exceptions are its own, and
     # it runs exactly once (a failing call used to be reported as pprobe's and run again).
     loc = _local
     loc.depth = depth + 1
+    calling = as_caller(fn)
     t0 = perf_counter_ns()
     try:
-        result = fn(*args, **kwargs)
+        result = calling(fn, args, kwargs)
     except BaseException as e:
         t1 = perf_counter_ns()
         loc.depth = depth

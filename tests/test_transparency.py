@@ -137,6 +137,9 @@ def test_dict_built_before_enable_still_works_after(tmp_path: Path) -> None:
 
 
 def test_warnings_point_at_the_users_line(tmp_path: Path) -> None:
+    # Both engines: C-level warnings (the ufuncs' RuntimeWarning), Python-level ones with
+    # stacklevel=2 (nanmean), the once-per-location registry (the same warning on two lines is
+    # shown twice, the loop's once), catch_warnings(record=True) and the module a filter sees.
     prog = """
         import warnings
         import numpy as np
@@ -146,18 +149,27 @@ def test_warnings_point_at_the_users_line(tmp_path: Path) -> None:
         for _ in range(3):
             np.divide(np.ones(1), 0)
         np.divide(np.ones(1), 0)
+        (np.ones(1) / 0).sum()
+        def f():
+            return np.sqrt(-np.ones(2))
+        f()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            f()
+            np.nanmax(np.array([np.nan]))
+        print([(w.filename, w.lineno, w.category.__name__) for w in got])
+        warnings.filterwarnings("error", module="__main__")
+        try:
+            np.log(np.zeros(1))
+        except RuntimeWarning as e:
+            print("raised", e)
     """
     plain = run_script(tmp_path, prog, probe=False).check()
     probed = run_script(tmp_path, prog, env={"PPROBE_COVERAGE": None}).check()
-    assert str(tmp_path / "prog.py") in plain.err
-    if core.ENGINE == "python" and probed.err != plain.err and "pprobe/recorder.py" in probed.err:
-        pytest.xfail(
-            "Python engine (README, Limits): warnings raised inside a probed call are "
-            "attributed to pprobe/recorder.py (the frame that calls the function), not the "
-            "user's line, so the 'default' filter shows them once in all instead of once per "
-            "line; the native engine calls the function from C"
-        )
+    assert str(tmp_path / "prog.py") in plain.err and "raised divide by zero" in plain.out
+    assert plain.err.count("RuntimeWarning") == 6
     assert probed.err == plain.err
+    assert probed.out == plain.out
 
 
 IDENTITY_PROG = """

@@ -43,6 +43,9 @@ _is_compiling = torch.compiler.is_compiling
 _task_id = torch._C._current_graph_task_id
 #: the native core's api-level handler (pprobe.core), None with the Python engine
 _torch_call = core.native.torch_call if core.native is not None else None
+_as_caller = recorder.as_caller  # warnings name the program's line (recorder.as_caller)
+# handle_torch_function: between a Python-level torch function and the mode it dispatches to
+recorder.add_dispatch_file(torch.overrides.__file__)
 
 #: Calls that are not operations: property access, introspection, grad-mode switches.
 SKIP = frozenset(
@@ -200,16 +203,18 @@ class ApiMode(TorchFunctionMode):
         __tracebackhide__ = True  # pytest and IPython leave this frame out of tracebacks
         if _torch_call is not None and not _sync and _on and not _is_compiling():
             # the native core: op lookup, phase, descriptions and the row, in C
-            return _torch_call(func, args, kwargs)
+            return _as_caller(func)(_torch_call, (func, args, kwargs), {})
         if kwargs is None:
             kwargs = {}
-        if _is_compiling() or not recorder._active or not _on:
+        if _is_compiling():  # dynamo traces this: no frame of ours to hide, nothing to record
             return func(*args, **kwargs)
+        if not recorder._active or not _on:
+            return _as_caller(func)(func, args, kwargs)
         op = _api_ops.get(func)
         if op is None:
             op = _api_op(func)
         if op is _SKIP_OP:
-            return func(*args, **kwargs)
+            return _as_caller(func)(func, args, kwargs)
         loc = _local
         phase = loc.phase
         loc.phase = "backward" if _task_id() != -1 else "forward"
@@ -238,16 +243,16 @@ class AtenMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         if not recorder._active or not _on:
-            return func(*args, **kwargs)
+            return _as_caller(func)(func, args, kwargs)
         op = _aten_ops.get(func)
         if op is None:
             op = _aten_op(func)
         loc = _local
         depth = loc.depth
         if op is _SKIP_OP or depth >= INTERNAL or not op.selected:
-            return func(*args, **kwargs)
+            return _as_caller(func)(func, args, kwargs)
         if op.sampled and not op.take():
-            return func(*args, **kwargs)
+            return _as_caller(func)(func, args, kwargs)
         phase = loc.phase
         loc.phase = "backward" if _task_id() != -1 else "forward"
         try:
