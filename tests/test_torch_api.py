@@ -68,6 +68,58 @@ def test_exceptions_are_the_same_and_recorded(tmp_path: Path) -> None:
     assert last["module_path"] == "lin"
 
 
+@pytest.mark.parametrize("levels", ["api", "api,aten"])
+def test_warnings_point_at_the_users_line(tmp_path: Path, levels: str) -> None:
+    # torch's C-level warnings (copy-constructing a tensor) and Python-level ones whose
+    # stacklevel counts frames through the __torch_function__ protocol (softmax without dim)
+    prog = """
+        import warnings
+        import torch
+        warnings.simplefilter("default")
+        x = torch.ones(3)
+        torch.nn.functional.softmax(x)
+        torch.tensor(x)
+        def f():
+            return torch.tensor(x)
+        f()
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            f()
+            torch.nn.functional.softmax(x)
+        print([(w.filename, w.lineno, w.category.__name__) for w in got])
+    """
+    plain = run_script(tmp_path, prog, probe=False).check()
+    probed = run_script(tmp_path, prog, env={"PPROBE_TORCH_LEVEL": levels}).check()
+    assert plain.err.count("UserWarning") == 3 and str(tmp_path / "prog.py") in plain.err
+    assert probed.err == plain.err
+    assert probed.out == plain.out
+    assert "torch.nn.functional.softmax" in op_names(probed.run_dir)
+
+
+@pytest.mark.parametrize("mode", ["stats", "dump"])
+def test_tensors_pprobe_read_stay_resizable(tmp_path: Path, mode: str) -> None:
+    # Tensor.numpy() would mark each statted or dumped tensor's storage as not resizable for
+    # good: an out= of another shape, or resize_, would then raise under the probe only.
+    prog = """
+        import warnings
+        import torch
+        warnings.simplefilter("ignore")   # out= of another shape is deprecated (and works)
+        x = torch.arange(3.0)
+        out = torch.empty(1)
+        torch.neg(out)                    # pprobe reads out's storage
+        torch.add(x, x, out=out)
+        w = torch.zeros(2)
+        torch.mul(w, 2)
+        w.resize_(6)
+        print(out.tolist(), w.shape)
+    """
+    plain = run_script(tmp_path, prog, probe=False).check()
+    probed = run_script(tmp_path, prog, env={"PPROBE_MODE": mode}).check()
+    assert plain.out == probed.out == "[0.0, 2.0, 4.0] torch.Size([6])\n"
+    rows = tensors(probed.run_dir)
+    assert any(r["role"] == "input" and r["shape"] == [1] and r["min"] is not None for r in rows)
+
+
 def test_api_rows_module_paths_steps_and_tensor_metadata(tmp_path: Path) -> None:
     r = run_script(tmp_path, torch_progs.TRAIN, "3", env={"PPROBE_MODE": "log"}).check()
     run = r.run_dir

@@ -54,6 +54,42 @@ NUMPY_DTYPES = frozenset(
     }
     | {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
 )
+#: NumPy's type string of each: a CPU tensor is viewed through ``__array_interface__``.
+_TYPESTR = {d: torch.empty(0, dtype=d).numpy().dtype.str for d in NUMPY_DTYPES}
+
+
+class _Memory:
+    """The ``__array_interface__`` of a CPU tensor's elements; holds the tensor."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        n = t.element_size()
+        self.tensor = t
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": tuple(t.shape),
+            "typestr": _TYPESTR[t.dtype],
+            "data": (t.data_ptr(), True),
+            "strides": tuple(k * n for k in t.stride()),
+        }
+
+
+def host_array(t: torch.Tensor) -> Any:
+    """A read-only NumPy view of a CPU tensor of a NumPy dtype, for the time of the call.
+
+    Not ``Tensor.numpy()``: that marks the tensor's storage as not resizable for good, so a
+    program that resizes the tensor later (``out=`` of another shape, ``resize_``) would fail
+    under the probe. The view is used before the program's next line runs (statistics, the
+    dump's copy into the queue), while the storage cannot change.
+    """
+    import numpy as np
+
+    if t.numel() == 0:
+        return np.empty(tuple(t.shape), dtype=_TYPESTR[t.dtype])
+    return np.asarray(_Memory(t))
+
+
 #: raw-bits views for the others, by element size.
 _UINT = {1: torch.uint8, 2: getattr(torch, "uint16", torch.int16)}
 _UINT[4] = getattr(torch, "uint32", torch.int32)
@@ -205,7 +241,7 @@ def _cpu_stats(t: torch.Tensor) -> tuple | None:
         t = t.dequantize()
     if t.dtype not in NUMPY_DTYPES:
         t = t.to(torch.complex64 if t.is_complex() else torch.float32)  # exact for these
-    return array_stats(t.resolve_conj().resolve_neg().numpy())
+    return array_stats(host_array(t.resolve_conj().resolve_neg()))
 
 
 # ---------------------------------------------------------------------- dumps
@@ -340,7 +376,7 @@ class TorchHandler:
                 t = t.view(_UINT[t.element_size()])
             dev = t.device.type
             if dev == "cpu":
-                arr = t.numpy()
+                arr = host_array(t)
                 return (_Tagged(arr, tag) if tag else arr), note
             if dev == "cuda":
                 host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
