@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("install", "uninstall"):
         s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
         s.add_argument("--site", action="store_true", required=True)
+
+    from . import report
+
+    report.add_parser(sub)
     return p
 
 
@@ -75,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_run(args)
     if args.command == "query":
         return _cmd_query(args)
+    if args.command == "report":
+        from . import report
+
+        return report.main(args)
     from . import siteinstall
 
     if args.command == "install":
