@@ -312,10 +312,13 @@ FROM k JOIN {tensors} t ON t.pid = k.pid AND t.seq = k.seq WHERE t.role = 'outpu
 """
 
 
-def _rel(a: str, b: str) -> str:
+def _rel(col: str, floor: str = "") -> str:
+    """|a - b| / max(|a|, |b|) of a statistic (0 where equal). ``floor``: more terms of the
+    denominator (a mean near 0 is compared with the spread, not with itself)."""
+    den = f"greatest(abs(a.{col}), abs(b.{col}){floor}, 1e-300)"
     return (
-        f"CASE WHEN a.{a} IS NULL OR b.{b} IS NULL THEN NULL WHEN a.{a} = b.{b} THEN 0.0 "
-        f"ELSE abs(a.{a} - b.{b}) / greatest(abs(a.{a}), abs(b.{b})) END"
+        f"CASE WHEN a.{col} IS NULL OR b.{col} IS NULL THEN NULL WHEN a.{col} = b.{col} THEN 0.0 "
+        f"ELSE abs(a.{col} - b.{col}) / {den} END"
     )
 
 
@@ -349,7 +352,8 @@ def _compare(con: duckdb.DuckDBPyConnection, other: str) -> dict[str, Any]:
     b_sql = _ALIGN.format(ops="b_ops", tensors="b_tensors")
     keys = ("proc", "step", "module_path", "op", "occ", "idx")
     on = " AND ".join(f"a.{k} = b.{k}" for k in keys)
-    score = f"greatest({_rel('mean', 'mean')}, {_rel('std', 'std')}, {_rel('max', 'max')})"
+    spread = ", coalesce(a.std, 0), coalesce(b.std, 0)"
+    score = f"greatest({_rel('mean', spread)}, {_rel('std')}, {_rel('max')})"
     con.execute(
         f"""CREATE TEMP TABLE cmp AS
             SELECT {", ".join(f"coalesce(a.{k}, b.{k}) AS {k}" for k in keys)},
