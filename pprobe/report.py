@@ -71,6 +71,12 @@ def collect(run: str | None, compare: str | None = None) -> dict[str, Any]:
     meta = _meta(run_dir)
     con = connect(run_dir)
     try:
+        # outputs holding NaN/inf, read once: few in a healthy run
+        con.execute(
+            """CREATE TEMP TABLE _bad AS SELECT pid, seq, idx, nan_count, inf_count, shape,
+                      dtype, dump_path FROM tensors
+               WHERE role = 'output' AND (nan_count > 0 OR inf_count > 0)"""
+        )
         data: dict[str, Any] = {"run_dir": run_dir, "overview": _overview(con, run_dir, meta)}
         data["by_op"] = _by(con, "op")
         data["by_module"] = _by(con, "coalesce(module_path, '')")
@@ -159,54 +165,60 @@ def _timeline(con: duckdb.DuckDBPyConnection, smin: int, smax: int) -> dict[str,
     b = f"(coalesce(step, 0) - {smin}) // {w}"
     rows = _rows(
         con,
-        f"""WITH bad AS (SELECT DISTINCT pid, seq FROM tensors
-                         WHERE role = 'output' AND (nan_count > 0 OR inf_count > 0))
-            SELECT {b} AS bin, min(coalesce(step, 0)) AS step_lo,
-                   max(coalesce(step, 0)) AS step_hi, count(*) AS calls,
-                   sum(dur_ns) AS op_ns, max(ts_ns + dur_ns) - min(ts_ns) AS wall_ns,
-                   count(bad.seq) AS bad_calls
-            FROM ops LEFT JOIN bad USING (pid, seq)
-            GROUP BY bin ORDER BY bin""",
+        f"""WITH b AS (SELECT DISTINCT pid, seq FROM _bad),
+            bad AS (SELECT {b} AS bin, count(*) AS bad_calls
+                    FROM ops JOIN b USING (pid, seq) GROUP BY bin),
+            t AS (SELECT {b} AS bin, min(coalesce(step, 0)) AS step_lo,
+                         max(coalesce(step, 0)) AS step_hi, count(*) AS calls,
+                         sum(dur_ns) AS op_ns, max(ts_ns + dur_ns) - min(ts_ns) AS wall_ns
+                  FROM ops GROUP BY bin)
+            SELECT t.*, coalesce(bad.bad_calls, 0) AS bad_calls
+            FROM t LEFT JOIN bad USING (bin) ORDER BY bin""",
     )
     return {"width": w, "step_min": smin, "step_max": smax, "bins": rows}
 
 
 def _heatmap(con: duckdb.DuckDBPyConnection, smin: int, smax: int) -> dict[str, Any]:
-    """max |x| and std of outputs per (module or op) x step bin, NaN/inf counted."""
+    """max |x| and std of outputs per (module or op) x step bin, NaN/inf counted: one join of
+    ``ops`` with the output rows of ``tensors``, aggregated to (name, bin) before anything is
+    chosen (the choice of rows reads the small aggregate, not the join again)."""
     has_modules = _one(con, "SELECT count(*) AS n FROM ops WHERE module_path IS NOT NULL")["n"]
     key = "o.module_path" if has_modules else "o.op"
     where = "o.module_path IS NOT NULL" if has_modules else "true"
     w = _bin_width(smin, smax)
-    base = f"""SELECT {key} AS name, (coalesce(o.step, 0) - {smin}) // {w} AS bin, o.ts_ns,
-                      greatest(abs(t.min), abs(t.max)) AS absmax, t.std,
-                      coalesce(t.nan_count, 0) AS nan, coalesce(t.inf_count, 0) AS inf
-               FROM ops o JOIN tensors t ON t.pid = o.pid AND t.seq = o.seq
-               WHERE t.role = 'output' AND {where}"""
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE _hm AS
+            SELECT {key} AS name, (coalesce(o.step, 0) - {smin}) // {w} AS bin,
+                   max(greatest(abs(t.min), abs(t.max))) AS absmax, max(t.std) AS std,
+                   coalesce(sum(t.nan_count), 0) AS nan, coalesce(sum(t.inf_count), 0) AS inf,
+                   count(*) AS outputs, min(o.ts_ns) AS first
+            FROM ops o JOIN (SELECT pid, seq, min, max, std, nan_count, inf_count FROM tensors
+                             WHERE role = 'output') t ON t.pid = o.pid AND t.seq = o.seq
+            WHERE {where} GROUP BY ALL"""
+    )
+    top = _rows(
+        con,
+        f"""SELECT name, min(first) AS first FROM _hm GROUP BY name
+            ORDER BY (sum(nan + inf) > 0) DESC, sum(outputs) DESC, name LIMIT {MAX_ROWS}""",
+    )
+    keys = _one(con, "SELECT count(DISTINCT name) AS n FROM _hm")["n"]
+    names = [r["name"] for r in sorted(top, key=lambda r: (r["first"], r["name"]))]
+    index = {n: i for i, n in enumerate(names)}
     rows = _rows(
         con,
-        f"""WITH x AS ({base}),
-            names AS (SELECT name, count(*) AS n, min(ts_ns) AS first, sum(nan + inf) AS bad
-                      FROM x GROUP BY name ORDER BY (bad > 0) DESC, n DESC, name
-                      LIMIT {MAX_ROWS})
-            SELECT x.name, x.bin, max(x.absmax) AS absmax, max(x.std) AS std,
-                   sum(x.nan) AS nan, sum(x.inf) AS inf, count(*) AS outputs,
-                   any_value(names.first) AS first
-            FROM x JOIN names USING (name) GROUP BY x.name, x.bin""",
+        """SELECT name, bin, absmax, std, nan, inf FROM _hm
+           WHERE name IN (SELECT unnest(?::VARCHAR[])) ORDER BY name, bin""",
+        names,
     )
-    keys = _one(con, f"SELECT count(DISTINCT {key}) AS n FROM ops o WHERE {where}")["n"]
-    firsts = {r["name"]: r["first"] for r in rows}
-    names = sorted(firsts, key=lambda n: (firsts[n], n))  # in order of first call
-    nbins = (smax - smin) // w + 1
     return {
         "by": "module" if has_modules else "op",
-        "names": names,
+        "names": names,  # in order of first call
         "keys": keys,
-        "bins": nbins,
+        "bins": (smax - smin) // w + 1,
         "width": w,
         "step_min": smin,
         "cells": [
-            [names.index(r["name"]), r["bin"], r["absmax"], r["std"], r["nan"], r["inf"]]
-            for r in rows
+            [index[r["name"]], r["bin"], r["absmax"], r["std"], r["nan"], r["inf"]] for r in rows
         ],
     }
 
@@ -231,8 +243,7 @@ def _alerts(con: duckdb.DuckDBPyConnection) -> dict[str, Any]:
     bad = """SELECT o.pid, o.seq, o.ts_ns, o.step, o.op, o.caller, o.caller_function,
                     o.module_path, o.phase, o.rank, o.args, t.idx, t.nan_count, t.inf_count,
                     t.shape, t.dtype, t.dump_path
-             FROM tensors t JOIN ops o ON o.pid = t.pid AND o.seq = t.seq
-             WHERE t.role = 'output' AND (t.nan_count > 0 OR t.inf_count > 0)"""
+             FROM _bad t JOIN ops o ON o.pid = t.pid AND o.seq = t.seq"""
     first = _rows(con, f"{bad} ORDER BY o.ts_ns, o.pid, o.seq, t.idx LIMIT 1")
     by_op = _rows(
         con,

@@ -39,6 +39,7 @@ main{padding:8px 24px 40px;max-width:1200px}
 section{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:12px 16px;
 margin:14px 0}
 section h2{font-size:16px;margin:0 0 8px}
+section h3{font-size:14px;margin:12px 0 6px}
 table{border-collapse:collapse;font-size:12.5px}
 th,td{padding:3px 8px;border-bottom:1px solid #eef0f2;text-align:left;vertical-align:top}
 th{background:#f4f6f8;font-weight:600}
@@ -591,7 +592,8 @@ def _compare(d: dict[str, Any]) -> str:
     return (
         '<section id="compare"><h2>Compare with ' + _e(c["other"]) + "</h2>"
         f'<p class="muted">Outputs aligned on (process order, step, module, op, occurrence, output '
-        f"index). Relative difference: the largest of |a-b|/max(|a|,|b|) over mean, std and max. "
+        f"index). Relative difference: the largest of |a-b|/max(|a|,|b|) over std and max, "
+        f"and of |a-b|/max(|a|,|b|,std) for the mean. "
         f"high: above {th['high']} or NaN/inf counts differ; medium: above {th['medium']}. "
         f"{_e(summary)}.</p>{first_html}"
         + "<table><thead><tr>"
