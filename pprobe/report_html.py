@@ -365,8 +365,8 @@ def _heatmap(d: dict[str, Any]) -> str:
         f'<svg width="{w:.0f}" height="{h}" viewBox="0 0 {w:.0f} {h}" role="img">'
         f"{''.join(parts)}</svg>"
     )
-    legend_a = f"colour: log10 max |x| of outputs, {a_lo:.2g} to {a_hi:.2g}"
-    legend_s = f"colour: log10 max std of outputs, {s_lo:.2g} to {s_hi:.2g}"
+    legend_a = f"colour: max |x| of outputs, log scale from {10**a_lo:.2g} to {10**a_hi:.2g}"
+    legend_s = f"colour: max std of outputs, log scale from {10**s_lo:.2g} to {10**s_hi:.2g}"
     ramp = "".join(
         '<span style="display:inline-block;width:18px;height:10px;'
         f'background:{_colour(i / 9)}"></span>'
