@@ -193,7 +193,8 @@ def _heatmap(con: duckdb.DuckDBPyConnection, smin: int, smax: int) -> dict[str, 
                    coalesce(sum(t.nan_count), 0) AS nan, coalesce(sum(t.inf_count), 0) AS inf,
                    count(*) AS outputs, min(o.ts_ns) AS first
             FROM ops o JOIN (SELECT pid, seq, min, max, std, nan_count, inf_count FROM tensors
-                             WHERE role = 'output') t ON t.pid = o.pid AND t.seq = o.seq
+                             WHERE role = 'output' AND nan_count IS NOT NULL) t
+                 ON t.pid = o.pid AND t.seq = o.seq
             WHERE {where} GROUP BY ALL"""
     )
     top = _rows(

@@ -373,6 +373,29 @@ def test_torch_modules(torch_run: tuple[Path, list[str]]) -> None:
     assert d["overview"]["steps"] >= 3
 
 
+def test_empty_and_log_mode_runs(tmp_path: Path) -> None:
+    """A run without rows and a log-mode run (no statistics) still give a page that says so."""
+    empty = run_script(tmp_path / "e", "print('no ops')").check().run_dir
+    d = report.collect(str(empty))
+    assert d["overview"]["op_rows"] == 0 and d["heatmap"]["cells"] == []
+    assert "This run recorded no op rows" in render(d)
+    log = (
+        run_script(
+            tmp_path / "l",
+            "import numpy as np\nnp.add(np.ones(3), 1)\n",
+            env={"PPROBE_MODE": "log"},
+        )
+        .check()
+        .run_dir
+    )
+    d = report.collect(str(log))
+    assert {r["name"] for r in d["by_op"]["rows"]} >= {"numpy.add"}
+    page = render(d)
+    assert "log mode records none" in section(page, "heatmap")
+    assert "this run has no statistics" in section(page, "alerts")
+    assert "recorded in log mode" in section(page, "dumps")
+
+
 def test_bounded_size() -> None:
     """The page's marks are bounded whatever the run's size: steps are binned."""
     assert report._bin_width(0, 10_000_000 - 1) == -(-10_000_000 // report.MAX_BINS)
