@@ -82,6 +82,7 @@ _JS = """
   }
   document.querySelectorAll('#heatmap .btn').forEach(function(b){
     b.addEventListener('click',function(){metric(b.getAttribute('data-m'));});});
+  if(location.hash==='#std'){metric('std');}  // a link can open the std view
   document.body.setAttribute('data-ready',performance.now().toFixed(1));
 })();
 """

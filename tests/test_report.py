@@ -142,6 +142,20 @@ def _console(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
+def dump_dom(url: str, home: Path) -> str:
+    """The DOM after the page's script ran; fails on any console message."""
+    p = subprocess.run(
+        [_chromium(), *_FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(HOME=str(home)),  # chromium writes its profile under $HOME
+    )
+    assert p.returncode == 0, p.stderr
+    assert _console(p.stderr) == [], _console(p.stderr)
+    return p.stdout
+
+
 def open_page(html: Path, name: str) -> tuple[str, Path]:
     """The DOM after the page's script ran, and a screenshot; fails on console messages."""
     exe = _chromium()
@@ -149,16 +163,8 @@ def open_page(html: Path, name: str) -> tuple[str, Path]:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     png = ARTIFACTS / f"{name}.png"
     png.unlink(missing_ok=True)
-    env = clean_env(HOME=str(html.parent))  # chromium writes its profile under $HOME
-    dom = subprocess.run(
-        [exe, *_FLAGS, "--enable-logging=stderr", "--v=0", "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert dom.returncode == 0, dom.stderr
-    assert _console(dom.stderr) == [], _console(dom.stderr)
+    dom = dump_dom(url, html.parent)
+    env = clean_env(HOME=str(html.parent))
     shot = subprocess.run(
         [exe, *_FLAGS, "--window-size=1280,2400", f"--screenshot={png}", url],
         capture_output=True,
@@ -167,7 +173,7 @@ def open_page(html: Path, name: str) -> tuple[str, Path]:
         env=env,
     )
     assert shot.returncode == 0 and png.is_file(), shot.stderr
-    return dom.stdout, png
+    return dom, png
 
 
 def decode_png(path: Path) -> tuple[int, int, int, bytes]:
@@ -458,6 +464,12 @@ def test_browser_numpy(numpy_run: Path, tmp_path: Path) -> None:
     dom = check_page(html, "numpy")
     assert "numpy.multiply" in section(dom, "by_op")
     assert "No output holds NaN or inf" in section(dom, "alerts")
+    # the page's script: #std colours every cell by its std
+    cells = re.findall(r'<rect [^>]*fill="([^"]+)" data-a="([^"]+)" data-s="([^"]+)"', dom)
+    assert cells and all(f == a for f, a, _ in cells)
+    std = dump_dom(html.resolve().as_uri() + "#std", tmp_path)
+    cells = re.findall(r'<rect [^>]*fill="([^"]+)" data-a="([^"]+)" data-s="([^"]+)"', std)
+    assert cells and all(f == s for f, _, s in cells) and any(a != s for _, a, s in cells)
 
 
 def test_browser_torch(torch_run: tuple[Path, list[str]], tmp_path: Path) -> None:
