@@ -11,8 +11,8 @@ echo "== installing pprobe (editable) with its test tools, and torch==2.13.0 (CP
 "$PY" -m pip install -q --disable-pip-version-check -e ".[dev]" "torch==2.13.0"
 
 echo "== ruff"
-"$PY" -m ruff check pprobe bootstrap tests bench examples
-"$PY" -m ruff format --check pprobe bootstrap tests bench examples
+"$PY" -m ruff check pprobe bootstrap tests bench examples tools
+"$PY" -m ruff format --check pprobe bootstrap tests bench examples tools
 echo "== mypy"
 "$PY" -m mypy
 # The suite runs once per recording engine (pprobe/core.py): the native core, then its
