@@ -55,6 +55,18 @@ _FRAMEWORK_CODES = {"numpy": 1, "torch": 2}
 
 ops_by_index: list[Op] = []
 
+#: Ops whose outputs are uninitialised memory: their statistics are noise (±1e38 "largest
+#: values", NaNs that mean nothing), so they get none, and no dump: the row's note says why.
+UNINITIALISED = frozenset(
+    {"numpy.empty", "numpy.empty_like", "numpy.ndarray.__new__"}
+    | {f"torch.{n}" for n in ("empty", "empty_like", "empty_strided", "Tensor.new_empty",
+                              "Tensor.new_empty_strided", "empty_permuted")}
+    | {f"aten.{n}" for n in ("empty.memory_format", "empty_like.default",
+                             "empty_strided.default", "new_empty.default",
+                             "new_empty_strided.default", "empty_permuted.default")}
+)  # fmt: skip
+UNINITIALISED_NOTE = "uninitialised memory: no statistics, not dumped"
+
 
 class Op:
     """One recordable callable: its name, kind and whether/when it is captured."""
@@ -72,6 +84,7 @@ class Op:
         "sampled",
         "safe",
         "hidden",
+        "uninit",
     )
 
     def __init__(
@@ -86,6 +99,7 @@ class Op:
         self.calls = 0
         self.safe = ""
         self.hidden = hidden  # never a row, and what it calls is hidden (np.seterr, ...)
+        self.uninit = name in UNINITIALISED
         self._configure()
 
     def _configure(self) -> None:
@@ -593,6 +607,8 @@ def _describe(
         return (role, idx, shape, dtype, device, grad, None, None, None)
     if role == "input" and idx == "out":
         return (role, idx, shape, dtype, device, grad, None, None, "out= buffer")
+    if op.uninit and role == "output":
+        return (role, idx, shape, dtype, device, grad, None, None, UNINITIALISED_NOTE)
     path = note = None
     try:
         st = h.stats(x)

@@ -454,3 +454,35 @@ def test_caller_points_at_the_users_file_and_line(tmp_path: Path) -> None:
                 top = by_seq[top["parent"]]
             assert x["caller"] == top["caller"], x
         assert nested == "0" or any(x["depth"] > 0 for x in rows)
+
+
+@pytest.mark.parametrize("mode", ["stats", "dump"])
+def test_uninitialised_outputs_get_no_statistics_and_no_dump(tmp_path: Path, mode: str) -> None:
+    from helpers import sql
+
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        a = np.empty((30, 40))
+        b = np.empty_like(a)
+        a.fill(1.5)
+        c = np.add(a, 1.0)
+        z = np.zeros_like(a)
+        """,
+        env={"PPROBE_MODE": mode},
+    ).check()
+    rows = sql(
+        r.run_dir,
+        "SELECT o.op, t.role, t.min, t.max, t.nan_count, t.dump_path, t.note "
+        "FROM ops o JOIN tensors t USING (pid, seq) WHERE t.role = 'output' ORDER BY o.seq",
+    )
+    by_op = {x["op"]: x for x in rows}
+    for name in ("numpy.empty", "numpy.empty_like"):
+        x = by_op[name]
+        assert (x["min"], x["max"], x["nan_count"], x["dump_path"]) == (None, None, None, None)
+        assert x["note"] == "uninitialised memory: no statistics, not dumped"
+    for name, value in (("numpy.add", 2.5), ("numpy.zeros_like", 0.0)):
+        x = by_op[name]
+        assert x["min"] == x["max"] == value and x["note"] is None
+        assert (x["dump_path"] is not None) == (mode == "dump")
