@@ -15,11 +15,14 @@ PTH_NAME = "pprobe-auto.pth"
 
 
 def pth_line(package_root: str) -> str:
+    """The .pth's one line. When site runs it at start-up, the probe starts once every site
+    folder is on sys.path, just before sitecustomize: in a venv made with
+    ``--system-site-packages`` the venv's .pth files run before the base interpreter's folder
+    (where pprobe's dependencies may live) is added."""
     code = (
         "import os, sys\n"
         "v = os.environ.get('PPROBE', '').strip().lower()\n"
-        "if v in ('1', 'true', 'yes', 'on') or (not v and (os.environ.get('PPROBE_CONFIG') "
-        "or os.path.isfile('pprobe.toml'))):\n"
+        "def start():\n"
         "  try:\n"
         "    try:\n"
         "      from pprobe import _startup\n"
@@ -31,8 +34,25 @@ def pth_line(package_root: str) -> str:
         "    raise\n"
         "  except BaseException as e:\n"
         "    sys.stderr.write('pprobe: start-up failed: %r; running without pprobe\\n' % (e,))\n"
+        "def later(site, then):\n"
+        "  def run():\n"
+        "    site.execsitecustomize = then\n"
+        "    start()\n"
+        "    then()\n"
+        "  return run\n"
+        "if v in ('1', 'true', 'yes', 'on') or (not v and (os.environ.get('PPROBE_CONFIG') "
+        "or os.path.isfile('pprobe.toml'))):\n"
+        "  site = sys.modules.get('site')\n"
+        "  f = sys._getframe()\n"
+        "  while f is not None and f.f_code is not getattr(getattr(site, 'main', None), "
+        "'__code__', None):\n"
+        "    f = f.f_back\n"
+        "  if f is not None and callable(getattr(site, 'execsitecustomize', None)):\n"
+        "    site.execsitecustomize = later(site, site.execsitecustomize)\n"
+        "  else:\n"
+        "    start()\n"
     )
-    return f"import sys; exec({code!r})\n"
+    return f"import sys; exec({code!r}, {{}})\n"
 
 
 def site_dir() -> str:

@@ -250,6 +250,33 @@ def test_site_pth_install_dormant_active_kill_switch_uninstall(tmp_path: Path) -
     assert _host_pth() == host_before
 
 
+def test_site_pth_in_a_venv_with_system_site_packages(tmp_path: Path) -> None:
+    # The venv's .pth runs before the base interpreter's site-packages (pprobe's
+    # dependencies, and pprobe itself here) is on sys.path: the probe starts once it is.
+    py = make_venv(tmp_path / "venv", system_site=True)
+    cli = {"PYTHONPATH": None, "PPROBE": None}
+    run([str(py), "-m", "pprobe", "install", "--site"], tmp_path, probe=False, env=cli).check()
+    script = write(
+        tmp_path / "prog.py",
+        """
+        import site, sys
+        print(site.execsitecustomize.__module__, sys.path == list(dict.fromkeys(sys.path)))
+        import numpy as np
+        print(float(np.add(np.ones(2), 1)[-1]))
+        """,
+    )
+    plain = run([str(py), str(script)], tmp_path, probe=False, env=cli).check()
+    active = run(
+        [str(py), str(script)],
+        tmp_path,
+        probe=False,
+        output=tmp_path / "o",
+        env={**cli, "PPROBE": "1"},
+    ).check()
+    assert active.err == "" and active.out == plain.out == "site True\n2.0\n"
+    assert op_names(active.run_dir) == ["numpy.ones", "numpy.add"]
+
+
 def test_kill_switch(tmp_path: Path) -> None:
     plain = run_script(tmp_path, NUMPY_PROG, probe=False).check()
     for value in ("0", "false", "off"):
