@@ -405,6 +405,12 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
             needs_torch=True,
             torch_level="aten",
         ),
+        Variant(
+            "stats+on_nan",  # PPROBE_ON_NAN's check: its cost is this against "stats"
+            probe=True,
+            env={"PPROBE_MODE": "stats", "PPROBE_ON_NAN": "warn"},
+            needs_torch=True,
+        ),
         Variant("torch.profiler", args={"profiler": True}),
     ]
     dump_dir = tempfile.mkdtemp(prefix="pprobe-bench-msprobe-")  # msprobe's dumps, deleted after

@@ -1075,6 +1075,10 @@ static PyObject *slow_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcal
         r = a && b ? PyObject_CallFunctionObjArgs(py_end, op, st, a, b, result, Py_None, d, NULL)
                    : NULL;
         if (!r) report("recording outputs");
+        else if (PyExceptionInstance_Check(r)) { /* PPROBE_ON_NAN=raise: the call raises it */
+            Py_CLEAR(result);
+            PyErr_SetObject((PyObject *)Py_TYPE(r), r);
+        }
         Py_XDECREF(r);
     } else {
         PyObject *et, *ev, *etb;

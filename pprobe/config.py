@@ -358,6 +358,15 @@ SETTINGS: tuple[Setting, ...] = (
         "gradient as backward accumulates it). Empty: neither.",
     ),
     Setting(
+        "on_nan",
+        "PPROBE_ON_NAN",
+        "off",
+        _choice(("off", "warn", "raise")),
+        "At the first op that makes NaN or inf from finite inputs (stats and dump modes): "
+        "off; warn (a RuntimeWarning at the program's line); raise (FloatingPointError from "
+        "the op's call). The rows so far are flushed first. docs/nan.md.",
+    ),
+    Setting(
         "sync",
         "PPROBE_SYNC",
         False,
@@ -444,6 +453,7 @@ class Config:
     coverage: str = "auto"
     torch_levels: tuple[str, ...] = ("api",)
     torch_params: tuple[str, ...] = ()
+    on_nan: str = "off"
     sync: bool = False
     flush_rows: int = 16384
     buffer_rows: int = 65536

@@ -44,6 +44,8 @@ _flush_rows = 16384
 _wake: Callable[[], None] | None = None  # asks the writer to flush early
 _dumper: Any = None
 _cfg: Any = None
+_on_nan = 0  # PPROBE_ON_NAN: 0 off, 1 warn, 2 raise; reset to 0 once it fired
+_flush: Callable[[], None] | None = None  # writes the buffered rows now (writer.flush)
 _pid = os.getpid()
 
 MODES = {"log": 0, "stats": 1, "dump": 2}
@@ -138,9 +140,17 @@ def op(name: str, kind: str, framework: str, ufunc: str | None = None, hidden: b
     return o
 
 
-def configure(cfg: Any, dumper: Any, wake: Callable[[], None] | None) -> None:
+def configure(
+    cfg: Any,
+    dumper: Any,
+    wake: Callable[[], None] | None,
+    flush: Callable[[], None] | None = None,
+) -> None:
     global _cfg, _nested, _parents, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
+    global _on_nan, _flush
     _cfg = cfg
+    _on_nan = {"off": 0, "warn": 1, "raise": 2}[getattr(cfg, "on_nan", "off")]
+    _flush = flush
     _nested = cfg.nested
     _parents = _nested or _want_parents
     _mode = MODES[cfg.mode]
@@ -473,7 +483,9 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         raise
     t1 = perf_counter_ns()
     loc.depth = depth
-    _end(op, st, t0, t1, result, None, depth)
+    stop = _end(op, st, t0, t1, result, None, depth)
+    if stop is not None:
+        raise stop
     return result
 
 
@@ -521,22 +533,25 @@ def _begin(op: Op, args: tuple, kwargs: dict, depth: int) -> Any:
     return (seq, code, ins, others, bool(arrays), prefix, parent)
 
 
-def _end(op: Op, st: tuple, t0: int, t1: int, result: Any, error: str | None, depth: int) -> None:
+def _end(
+    op: Op, st: tuple, t0: int, t1: int, result: Any, error: str | None, depth: int
+) -> BaseException | None:
     """After a call: the outputs' descriptions, and the row. ``error``: the name of the
-    exception the call raised. Never raises."""
+    exception the call raised. Never raises; returns the exception the call must raise
+    instead of returning (``PPROBE_ON_NAN=raise``), else None."""
     seq, code, ins, others, had_arrays, prefix, parent = st
     loc = _local
     if _parents:
         loc.parent = parent
     if error is None and result is NotImplemented:  # an operator deferring: not an op
-        return
+        return None
     loc.depth = INTERNAL
     try:
         if error is None:
             outs = values.outputs(result)
             if outs:
                 if _dtypes and not had_arrays and not _dtype_match(outs):
-                    return
+                    return None
                 if _mode:
                     many = len(outs) > 1
                     for idx, x, h in outs:
@@ -549,10 +564,96 @@ def _end(op: Op, st: tuple, t0: int, t1: int, result: Any, error: str | None, de
                                others))  # fmt: skip
         if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
             _wake()
+        if _on_nan and _mode and error is None and _born_here(ins, others):
+            return _nan_origin(op, code, ins)
     except Exception as e:  # pprobe's (a step past int64, ...): the call's outcome goes on
         _report.internal_error("recording outputs", e)
     finally:
         loc.depth = depth
+    return None
+
+
+def _born_here(descs: list, others: list) -> bool:
+    """Whether an output holds NaN or inf while every input with statistics is finite.
+    An infinite scalar argument (``masked_fill(m, -inf)``, ``np.full(n, -inf)``) makes
+    infinities on purpose: then only NaN counts."""
+    bad = False
+    for d in descs:
+        st = d[6]
+        if st.__class__ is not tuple:  # none, or a device's, resolved later by the writer
+            continue
+        if d[0] == "output":
+            if st[4] or st[5]:
+                bad = True
+        elif st[4] or st[5]:
+            return False  # carried on, not born here
+    if not bad:
+        return False
+    inf_arg = False
+    for _, v in others:
+        if isinstance(v, float) and v - v != 0.0:  # inf or NaN
+            if v != v:
+                return False  # np.full(n, nan): NaN on purpose
+            inf_arg = True
+        elif v.__class__ is str and ("inf" in v or "nan" in v):
+            if "nan" in v:
+                return False
+            inf_arg = True
+    if inf_arg:
+        return any(d[0] == "output" and d[6].__class__ is tuple and d[6][4] for d in descs)
+    return True
+
+
+def _nan_origin(op: Op, site: int, descs: list) -> BaseException | None:
+    """The first op that made NaN/inf from finite values: flush, then warn or raise."""
+    global _on_nan
+    how, _on_nan = _on_nan, 0  # once per process
+    try:
+        if _flush is not None:
+            _flush()
+    except Exception as e:
+        _report.internal_error("flushing before PPROBE_ON_NAN", e)
+    outs = ", ".join(
+        f"output {d[1]}: {int(d[6][4] or 0)} NaN, {int(d[6][5] or 0)} inf"
+        for d in descs
+        if d[0] == "output" and d[6].__class__ is tuple and (d[6][4] or d[6][5])
+    )
+    code: Any = None
+    line = 0
+    if 0 <= site < len(sites):
+        code, line = sites[site]
+    where = "?"
+    if code is not None:
+        where = f"{code.co_filename}:{line} in {getattr(code, 'co_qualname', code.co_name)}"
+    msg = (
+        f"pprobe: first NaN/inf from finite inputs: {op.name} ({outs}) at step {state.step}, "
+        f"module {_local.module or '-'}, called from {where} (PPROBE_ON_NAN={_NAN_HOW[how]})"
+    )
+    if how == 2:
+        return FloatingPointError(msg)
+    # a RuntimeWarning at the program's line, in its module's registry and filters
+    import warnings
+
+    f: Any = _getframe(1)
+    while f is not None and f.f_code is not code:
+        f = f.f_back
+    if f is None or code is None:
+        warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return None
+    g = f.f_globals
+    warnings.warn_explicit(
+        msg,
+        RuntimeWarning,
+        code.co_filename,
+        line,
+        module=g.get("__name__"),
+        registry=g.setdefault("__warningregistry__", {}),
+        module_globals=g,
+    )
+    return None
+
+
+_NAN_HOW = {1: "warn", 2: "raise"}
 
 
 def append_row(

@@ -72,7 +72,7 @@ class Session:
         if core.FELL_BACK:
             _report.warn_once("core", f"the Python engine records this run: {core.REASON}.")
         s.writer.start()
-        recorder.configure(s.config, s.dumper, s.writer.wake)
+        recorder.configure(s.config, s.dumper, s.writer.wake, s.writer.flush)
         _report._listeners[:] = [s.write_meta]
         _install_process_hooks()
         _install_sigterm()
@@ -171,7 +171,7 @@ class Session:
         if self.dumper is not None:
             self.dumper.after_fork()
         self.writer.after_fork_child()
-        recorder.configure(self.config, self.dumper, self.writer.wake)
+        recorder.configure(self.config, self.dumper, self.writer.wake, self.writer.flush)
         self.write_meta()
         _install_sigterm()
 
