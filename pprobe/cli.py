@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         "--max-rows", type=int, default=200, help="rows printed in table format (0: all)"
     )
 
+    from . import see_cli
+
+    see_cli.add_parser(sub)
+
     for name in ("install", "uninstall"):
         s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
         s.add_argument("--site", action="store_true", required=True)
@@ -83,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import report
 
         return report.main(args)
+    from . import see_cli
+
+    if args.command in see_cli.COMMANDS:
+        return see_cli.main(args)
     from . import siteinstall
 
     if args.command == "install":
