@@ -12,7 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["enable", "disable", "probe", "step", "load", "active_run_dir", "__version__"]
+__all__ = [
+    "enable",
+    "disable",
+    "probe",
+    "step",
+    "load",
+    "show",
+    "active_run_dir",
+    "__version__",
+]
 
 
 def enable(**settings: Any) -> str | None:
@@ -67,8 +76,46 @@ def step(n: int | None = None) -> int:
     return state.step
 
 
-def load(path: str, torch: bool | None = None) -> Any:
+def load(
+    what: Any,
+    run: str | None = None,
+    torch: bool | None = None,
+    *,
+    role: str = "output",
+    idx: str | int | None = None,
+    pid: int | None = None,
+) -> Any:
     """Load a dump written by pprobe as the array it was (see docs/output.md).
+
+    ``what``: the dump's path; a ``tensors`` row (a dict, named tuple or pandas Series with
+    ``dump_path``); or a call's seq (``17``) or dump prefix (``"4242-17"``), whose first output
+    is loaded (``role="input", idx=1`` picks another array). ``run``: the run folder (default:
+    the latest run), for rows, seqs and prefixes.
+    """
+    if not isinstance(what, str) or not (what.endswith(".npy") or "/" in what or _isfile(what)):
+        from . import callview as _show
+
+        return _show.load(what, run, role=role, idx=idx, pid=pid, torch=torch)
+    return _load_file(what, torch)
+
+
+def show(key: Any, run: str | None = None, pid: int | None = None, values: bool = False) -> Any:
+    """One recorded call (seq, dump prefix ``"4242-17"`` or dump file name) of a run (default:
+    the latest): its row, caller, source line and arrays. Prints as text; Jupyter shows an HTML
+    table. ``.load(role, idx)`` loads one of its dumps."""
+    from . import callview as _show
+
+    return _show.show(key, run, pid, values)
+
+
+def _isfile(path: str) -> bool:
+    import os
+
+    return os.path.isfile(path)
+
+
+def _load_file(path: str, torch: bool | None = None) -> Any:
+    """A dump file as the array it was: see :func:`load`.
 
     A dump of a dtype NumPy lacks (``op_..._{pid}-{seq}.bfloat16.npy``: raw bits, the true
     dtype in the name) comes back as the identical torch tensor. ``torch=True`` returns a
