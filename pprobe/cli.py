@@ -11,15 +11,6 @@ from typing import Any
 
 from . import __version__
 
-_RUN_OPTIONS = {  # pprobe run --option -> environment variable
-    "mode": "PPROBE_MODE",
-    "output": "PPROBE_OUTPUT",
-    "budget": "PPROBE_BUDGET",
-    "include": "PPROBE_INCLUDE",
-    "exclude": "PPROBE_EXCLUDE",
-    "steps": "PPROBE_STEPS",
-}
-
 
 def bootstrap_dir() -> str:
     """The folder holding our sitecustomize.py: installed package data or the source tree."""
@@ -46,15 +37,22 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run a program under the probe: pprobe run -- python x.py")
-    for opt, env in _RUN_OPTIONS.items():
-        r.add_argument(f"--{opt}", help=f"sets {env}")
-    r.add_argument("--nested", action="store_true", help="sets PPROBE_NESTED=1")
+    from . import runflags
+
+    runflags.add_run_options(r)  # one flag per setting, checked before the program starts
     # Not dest="command": that is the sub-command's own dest and would be overwritten.
     r.add_argument(
         "program", nargs=argparse.REMAINDER, metavar="command", help="-- program and its arguments"
     )
 
-    q = sub.add_parser("query", help="run SQL over a run's log (views: ops, tensors)")
+    q = sub.add_parser(
+        "query",
+        help="run SQL over a run's log (views: ops, tensors)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='example:\n  pprobe query "SELECT op, count(*) AS calls, sum(dur_ns) AS ns FROM ops '
+        'GROUP BY op ORDER BY calls DESC"\n'
+        "views and columns: docs/schema.md",
+    )
     q.add_argument("sql")
     q.add_argument("--run", help="run folder or output folder (default: np_op_dumps/latest)")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -119,6 +117,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from .config import ConfigError
+    from .runflags import run_env
+
+    try:
+        flags = run_env(args)
+    except ConfigError as e:
+        print(f"pprobe run: {e}", file=sys.stderr)
+        return 2
     env = dict(os.environ)
     env.pop("PPROBE_RESOLVED", None)  # a new run, not a child of ours
     env["PPROBE"] = "1"
@@ -126,12 +132,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     env["PYTHONPATH"] = os.pathsep.join(
         [boot] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
-    for opt, var in _RUN_OPTIONS.items():
-        v = getattr(args, opt)
-        if v is not None:
-            env[var] = v
-    if args.nested:
-        env["PPROBE_NESTED"] = "1"
+    env.update(flags)
     try:
         os.execvpe(cmd[0], cmd, env)  # exit code, stdio and signals are the program's own
     except OSError as e:
@@ -168,6 +169,10 @@ def _cmd_query(args: argparse.Namespace) -> int:
         print()
     else:
         print(format_table(cols, rows, args.max_rows))
+    if not rows:
+        from .see_cli import say_if_empty
+
+        say_if_empty(args.run)
     return 0
 
 

@@ -110,6 +110,24 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
 
+def say_if_empty(run: str | None) -> None:
+    """For ``pprobe query``: one line on stderr when the run has no op rows at all."""
+    try:
+        from .query import run_sql
+        from .run import resolve_run_dir
+
+        run_dir = resolve_run_dir(run)
+        _, rows = run_sql("SELECT count(*) FROM ops", run_dir)
+        if rows and rows[0][0] == 0:
+            print(
+                f"pprobe query: the run {run_dir} recorded no ops (its program called no "
+                "NumPy or torch op, or they were filtered out: pprobe summary says)",
+                file=sys.stderr,
+            )
+    except Exception:
+        pass
+
+
 def _output_dir(arg: str | None) -> str:
     return os.path.abspath(arg or os.environ.get("PPROBE_OUTPUT") or "np_op_dumps")
 
