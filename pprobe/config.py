@@ -27,6 +27,7 @@ BUFFER_FULL = ("wait", "drop")
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
+SUMMARY_LINE = ("auto", "on", "off")
 PERMISSIONS = ("private", "group", "public")  # pprobe.safefs.PERMISSIONS gives their modes
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -413,6 +414,14 @@ SETTINGS: tuple[Setting, ...] = (
         "hold your data), group (0750/0640), public (0755/0644).",
     ),
     Setting(
+        "summary_line",
+        "PPROBE_SUMMARY_LINE",
+        "auto",
+        _choice(SUMMARY_LINE),
+        "One line on stderr as a run ends (run folder, ops, dumps and bytes, pprobe's "
+        "errors): auto (when stderr is a terminal), on, off.",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -460,6 +469,7 @@ class Config:
     buffer_full: str = "wait"
     flush_seconds: float = 1.0
     permissions: str = "private"
+    summary_line: str = "auto"
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

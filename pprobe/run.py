@@ -55,6 +55,7 @@ class Run:
         self.extra: dict[str, Any] = {}
         self.folder: safefs.RunDir = None  # type: ignore[assignment]  # set by create_or_join
         self.procs: safefs.RunDir | None = None
+        self.previous_latest: str | None = None
 
     # ------------------------------------------------------------------ creation
     @classmethod
@@ -105,6 +106,7 @@ class Run:
                         pass
                 raise
             run._reserve()
+            run.previous_latest = latest_name(base_path)  # given back if nothing is recorded
             _point_latest(base, run_id)
         finally:
             base.close()

@@ -18,6 +18,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "buffer_full": config.BUFFER_FULL,
     "coverage": config.COVERAGES,
     "permissions": config.PERMISSIONS,
+    "summary_line": config.SUMMARY_LINE,
     "frameworks": config.FRAMEWORKS,
     "torch_levels": config.TORCH_LEVELS,
     "torch_params": config.TORCH_PARAMS,

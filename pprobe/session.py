@@ -130,6 +130,9 @@ class Session:
         self.run.end = time.time()
         self.run.exit = self._exit_status() if exiting else {"status": "disabled"}
         self.write_meta()
+        from . import endofrun
+
+        endofrun.finish(self)  # `latest` given back by an empty run; the one line on stderr
         self.run.close()
         if Session.active is self:
             Session.active = None

@@ -63,7 +63,11 @@ class Result:
 
     @property
     def run_dir(self) -> Path:
+        """The latest run; a run that recorded no op does not become latest, so where there is
+        no `latest`, the newest run folder."""
         latest = self.output / "latest"
+        if not latest.exists() and self.runs:
+            return self.runs[-1]
         assert latest.exists(), (
             f"no run folder in {self.output}\nstdout:{self.out}\nstderr:{self.err}"
         )

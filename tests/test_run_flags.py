@@ -5,13 +5,14 @@ with no rows says so."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import PYTHON, REPO, meta, run, run_script
+from helpers import PYTHON, REPO, meta, run, run_script, sql
 
-from pprobe import config, runflags
+from pprobe import config, runflags, textout
 
 
 def pprobe(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -103,7 +104,7 @@ def test_query_help_shows_an_example(tmp_path: Path) -> None:
 
 def test_query_says_when_a_run_has_no_rows(tmp_path: Path) -> None:
     r = run_script(tmp_path, "print('no numpy here')\n").check()
-    p = pprobe(tmp_path, "query", "SELECT * FROM ops", "--run", str(r.output))
+    p = pprobe(tmp_path, "query", "SELECT * FROM ops", "--run", str(r.runs[-1]))
     assert p.returncode == 0
     assert p.stderr.strip().startswith("pprobe query: the run ")
     assert "recorded no ops" in p.stderr
@@ -111,3 +112,50 @@ def test_query_says_when_a_run_has_no_rows(tmp_path: Path) -> None:
     r2 = run_script(tmp_path, "import numpy as np\nnp.add(np.ones(2), 1)\n").check()
     p2 = pprobe(tmp_path, "query", "SELECT * FROM ops WHERE false", "--run", str(r2.run_dir))
     assert p2.returncode == 0 and p2.stderr == ""
+
+
+# ------------------------------------------------------------------- the end of a run
+def test_end_of_run_line_and_an_empty_run_leaves_latest_alone(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    real = run_script(
+        tmp_path,
+        "import numpy as np\nfor i in range(5): np.add(np.ones(3), i)\n",
+        env={"PPROBE_SUMMARY_LINE": "on"},
+    ).check()
+    first = real.run_dir
+    m = meta(first)
+    said = [line for line in real.err.splitlines() if line.startswith("pprobe:")]
+    n = sql(first, "SELECT count(*) AS n FROM ops")[0]["n"]
+    d = m["dumps"]
+    want = (
+        f"pprobe: run {first}: {n} ops, {d['files'] + d['links']} dumps "
+        f"({textout.fmt_bytes(d['bytes_written'])}), 0 errors in pprobe (pprobe summary {first})"
+    )
+    assert said == [want]
+
+    empty = run_script(
+        tmp_path, "print('hello')\n", name="empty.py", env={"PPROBE_SUMMARY_LINE": "on"}
+    )
+    empty.check()
+    assert (out / "LATEST").read_text().strip() == first.name
+    assert os.readlink(out / "latest") == first.name
+    folders = empty.runs
+    assert len(folders) == 2  # the empty run keeps its folder (pprobe ls lists it)
+    assert empty.err.strip().splitlines()[-1] == (
+        f"pprobe: run {folders[1]} recorded no ops (the program called no NumPy or torch op, "
+        f"or filters left none); `latest` still names {first.name}"
+    )
+    # piped stderr, the default (auto): no line
+    quiet = run_script(tmp_path, "import numpy as np\nnp.ones(2)\n", name="q.py").check()
+    assert not [x for x in quiet.err.splitlines() if x.startswith("pprobe:")]
+    assert (out / "LATEST").read_text().strip() == quiet.runs[-1].name
+    off = run_script(
+        tmp_path, "import numpy as np\nnp.ones(2)\n", env={"PPROBE_SUMMARY_LINE": "off"}
+    )
+    assert off.check().pprobe_lines() == []
+
+
+def test_a_first_empty_run_makes_no_latest(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "print(1)\n").check()
+    assert len(r.runs) == 1
+    assert not (r.output / "LATEST").exists() and not (r.output / "latest").exists()
