@@ -169,7 +169,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     for i in infos:
         d = i.dumps
         dumps = (
-            f"{d['files']} ({fmt_bytes(d['bytes'])}, {fmt_bytes(d['budget_left'])} left)"
+            f"{d['files'] + d['links']} ({fmt_bytes(d['bytes'])}, "
+            f"{fmt_bytes(d['budget_left'])} left)"
             if d["enabled"]
             else f"- ({i.mode} mode)"
         )

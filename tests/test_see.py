@@ -490,3 +490,27 @@ def test_gc_never_deletes_a_live_run(tmp_path: Path) -> None:
     delete, spared = gc.plan(str(out), keep=0)
     assert delete == []
     assert [(i.id, why) for i, why in spared][0] == (first.name, "live (running)")
+
+
+def test_summary_top_modules_of_a_torch_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    r = run_script(
+        tmp_path,
+        """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        for i in range(3):
+            m(torch.randn(5, 4)).sum()
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    s = json.loads(cli(tmp_path, "summary", str(r.run_dir), "--format", "json").check().out)
+    ops = _tables(r.run_dir)["ops"]
+    calls: Counter[str] = Counter(o["module_path"] for o in ops if o["module_path"])
+    assert len(calls) >= 3
+    assert {x["module"]: x["calls"] for x in s["top_modules"]} == dict(calls)
+    ns: defaultdict[str, int] = defaultdict(int)
+    for o in ops:
+        if o["module_path"]:
+            ns[o["module_path"]] += o["dur_ns"]
+    assert [x["module"] for x in s["top_modules"]] == sorted(ns, key=lambda k: (-ns[k], k))
