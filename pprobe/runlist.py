@@ -127,6 +127,18 @@ def dumps_on_disk(run_dir: str) -> dict[str, int]:
     return {"files": len(seen), "links": names - len(seen), "bytes": nbytes}
 
 
+def run_dumps(
+    run_dir: str, meta: dict[str, Any], plist: list[dict[str, Any]], lagging: bool
+) -> dict[str, Any]:
+    """:func:`dump_totals`, counted on disk where the metadata lags (a live or killed run)."""
+    dumps = dump_totals(meta, plist)
+    if lagging and dumps["enabled"]:
+        dumps.update(dumps_on_disk(run_dir))
+        if dumps["budget"]:
+            dumps["budget_left"] = max(0, dumps["budget"] - dumps["bytes"])
+    return dumps
+
+
 def exit_text(st: runs.RunStatus) -> str:
     e = st.exit
     if st.state == runs.DIED:
@@ -205,13 +217,10 @@ def run_info(run_dir: str, count: bool = True, sizes: bool = False) -> RunInfo:
         duration = max(ends) - start if ends and isinstance(start, (int, float)) else None
     ranks = sorted({p["rank"] for p in plist if isinstance(p.get("rank"), int)})
     rows: int | None = sum(int(p.get("rows_written") or 0) for p in plist)
-    dumps = dump_totals(meta, plist)
-    if count and (st.state != runs.ENDED or any(p.get("end") is None for p in plist)):
+    lagging = st.state != runs.ENDED or any(p.get("end") is None for p in plist)
+    dumps = run_dumps(run_dir, meta, plist, lagging)
+    if count and lagging:
         rows = count_rows(run_dir)  # metadata lags behind a live or killed run's log
-        if dumps["enabled"]:
-            dumps.update(dumps_on_disk(run_dir))
-            if dumps["budget"]:
-                dumps["budget_left"] = max(0, dumps["budget"] - dumps["bytes"])
     cov = meta.get("coverage") or {}
     frameworks = sorted((cov.get("frameworks") or {}).keys())
     errors = sum(int(e.get("count") or 1) for p in plist for e in p.get("errors") or [])

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from . import runs
-from .runlist import dump_totals, exit_text, procs
+from .runlist import dump_totals, exit_text, procs, run_dumps
 
 #: Settings that select what is captured, with their defaults (docs: README "Selective capture").
 FILTERS = {
@@ -115,7 +115,9 @@ def summarize(run: str | None = None, top: int = 10) -> dict[str, Any]:
         "top_modules": modules,
         "steps": steps,
         "nan_inf": {**nan, "first": first[0] if first else None},
-        "dumps": dump_totals(meta, plist),
+        "dumps": run_dumps(
+            run_dir, meta, plist, st.state != runs.ENDED or any(p.get("end") is None for p in plist)
+        ),
         "errors": errors,
         "not_captured": not_captured(meta, plist, st, notes),
     }

@@ -116,6 +116,11 @@ def test_ls_lists_runs_with_their_facts_and_a_killed_run_says_it_died(tmp_path: 
     assert "died" in lines[4] and lines[4].split()[1] == "*"
     assert lines[-1] == "* the latest run"
 
+    s = json.loads(cli(tmp_path, "summary", str(runs[2]), "--format", "json").check().out)
+    assert s["run"]["exit"] == dead["exit"] and s["ops"]["rows"] == dead["op_rows"]
+    assert s["dumps"]["files"] == dead["dumps"]["files"] > 0  # counted on disk
+    assert s["not_captured"][-1] == "rows after the last flush: the process died without finishing"
+
     # PPROBE_OUTPUT is the default output folder
     assert json.loads(cli(tmp_path, "ls", "--format", "json", output=out).check().out) == data
 
@@ -514,3 +519,25 @@ def test_summary_top_modules_of_a_torch_run(tmp_path: Path) -> None:
         if o["module_path"]:
             ns[o["module_path"]] += o["dur_ns"]
     assert [x["module"] for x in s["top_modules"]] == sorted(ns, key=lambda k: (-ns[k], k))
+
+
+def test_doc_renders_as_rich_text_on_a_terminal() -> None:
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    d = textout.Doc()
+    d.title("Run [x]")  # rich markup in data is printed as is
+    d.kv([("mode", "dump")])
+    d.table("Top", ["op", "calls"], [["numpy.add", 3]], right={1})
+    d.bullets("Not captured", ["nested calls"])
+    f = Tty()
+    d.print(f)
+    text = f.getvalue()
+    assert "Run [x]" in text and "numpy.add" in text and "nested calls" in text
+    assert "\x1b[" in text or "─" in text or "━" in text  # rich styling or box drawing
+    plain = io.StringIO()
+    d.print(plain)
+    assert plain.getvalue() == d.plain()
