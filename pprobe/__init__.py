@@ -92,6 +92,8 @@ def load(
     is loaded (``role="input", idx=1`` picks another array). ``run``: the run folder (default:
     the latest run), for rows, seqs and prefixes.
     """
+    if isinstance(run, bool):  # load(path, True): the former signature load(path, torch)
+        run, torch = None, run
     if not isinstance(what, str) or not (what.endswith(".npy") or "/" in what or _isfile(what)):
         from . import callview as _show
 
