@@ -31,6 +31,16 @@ def _fmt_arg(p: argparse.ArgumentParser, choices: tuple[str, ...] = ("text", "js
     )
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return n
+
+
 def add_parser(sub: Any) -> None:
     """Register ls, summary, show, export and gc on the sub-command parser."""
     p = sub.add_parser(
@@ -50,7 +60,7 @@ def add_parser(sub: Any) -> None:
         help="one screen about a run: top ops, modules, steps, NaN/inf, dumps, errors",
     )
     p.add_argument("run", nargs="?", help="run folder or output folder (default: the latest run)")
-    p.add_argument("--top", type=int, default=10, help="rows in each top list (default 10)")
+    p.add_argument("--top", type=_positive, default=10, help="rows in each top list (default 10)")
     _fmt_arg(p)
 
     p = sub.add_parser(
@@ -101,13 +111,19 @@ def main(args: argparse.Namespace) -> int:
         "export": _cmd_export,
         "gc": _cmd_gc,
     }[args.command]
+    import duckdb
+
+    from .query import QueryError
+
     try:
         return fn(args)
-    except (UsageError, FileNotFoundError, NotADirectoryError) as e:
-        print(f"pprobe {args.command}: {e}", file=sys.stderr)
-        return 2
     except BrokenPipeError:
         return 0
+    except (UsageError, OSError, QueryError, duckdb.Error) as e:
+        # a bad run folder or argument, an unreadable file: one line, not a traceback
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"pprobe {args.command}: {first}", file=sys.stderr)
+        return 2
 
 
 def say_if_empty(run: str | None) -> None:

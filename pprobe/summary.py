@@ -238,7 +238,7 @@ def render(s: dict[str, Any]) -> Any:
             + (", exhausted" if d["exhausted"] else "")
         )
     else:
-        dumps = f"none (mode {r['mode']})"
+        dumps = f"none (mode {r['mode'] or '-'})"
     errs = s["errors"]
     doc.kv(
         [
@@ -246,7 +246,7 @@ def render(s: dict[str, Any]) -> Any:
             ("argv", " ".join(r["argv"]) or "-"),
             ("exit", r["exit"]),
             ("duration", fmt_seconds(r["duration_s"])),
-            ("mode", str(r["mode"])),
+            ("mode", str(r["mode"] or "-")),
             ("processes", f"{nproc} (ranks {ranks})"),
             ("op rows", f"{s['ops']['rows']} ({fmt_seconds(s['ops']['time_s'])} in ops)"),
             ("steps", steps),
