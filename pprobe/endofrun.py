@@ -1,6 +1,7 @@
 """What the process that made a run does as the run ends (called by ``Session.stop``):
 
-- a run that recorded nothing (no op row in any of its processes) gives ``latest`` back to
+- a run that recorded nothing (no op row in any of its processes, and no error of pprobe's:
+  a log that failed to be written is worth seeing) gives ``latest`` back to
   the run it named before, so ``python -c "print(1)"`` under a site-wide ``PPROBE=1`` or a
   typo'd script name does not hide the last real run (its folder stays, and ``pprobe ls``
   lists it);
@@ -29,11 +30,13 @@ def finish(session: Any) -> None:
         others = _other_procs(run.dir, f"{run.host}-{run.pid}.json")
         rows = int(getattr(session.writer, "rows_written", 0) or 0)
         rows += sum(int(p.get("rows_written") or 0) for p in others)
-        previous = None
-        if rows == 0:
-            previous = give_latest_back(run)
+        from . import _report
+
+        errors = bool(_report.errors) or any(p.get("errors") for p in others)
+        empty = rows == 0 and not errors  # a run whose log failed (a full disk) has its say
+        previous = give_latest_back(run) if empty else None
         if _wanted(session.config.summary_line):
-            _say(line(session, others, rows, previous))
+            _say(line(session, others, rows, previous, empty))
     except Exception:
         pass
 
@@ -76,13 +79,15 @@ def _other_procs(run_dir: str, own: str) -> list[dict[str, Any]]:
     return out
 
 
-def line(session: Any, others: list[dict[str, Any]], rows: int, previous: str | None) -> str:
+def line(
+    session: Any, others: list[dict[str, Any]], rows: int, previous: str | None, empty: bool
+) -> str:
     """``pprobe: run DIR: N ops, M dumps (X MiB), K errors (pprobe summary DIR)``."""
     from . import _report
     from .textout import fmt_bytes
 
     run = session.run
-    if rows == 0:
+    if empty:
         kept = f"; `latest` still names {previous}" if previous else ""
         return (
             f"pprobe: run {run.dir} recorded no ops (the program called no NumPy or torch op, "
