@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
 
     see_cli.add_parser(sub)
 
+    from . import compare_cli
+
+    compare_cli.add_parser(sub)
+
     for name in ("install", "uninstall"):
         s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
         s.add_argument("--site", action="store_true", required=True)
@@ -89,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in see_cli.COMMANDS:
         return see_cli.main(args)
+    if args.command == "compare":
+        from . import compare_cli
+
+        return compare_cli.main(args)
     from . import siteinstall
 
     if args.command == "install":

@@ -899,15 +899,25 @@ def _open(run_dir: str, tables: Iterable[str] | None, how: str) -> duckdb.DuckDB
             fill = set(VIEWS if tables is None else tables)
             for view, src in table_sources(run_dir, fill, how == "rebuild").items():
                 _register(con, view, src, view in fill)
+        _register_compare(con, run_dir)
     except BaseException:
         con.close()
         raise
     return con
 
 
+def _register_compare(con: duckdb.DuckDBPyConnection, run_dir: str) -> None:
+    """A folder saved by ``pprobe compare --save`` holds compare.parquet: the view
+    ``compare`` (pprobe.compare_cli)."""
+    path = os.path.join(run_dir, "compare.parquet")
+    if os.path.isfile(path) and not _GLOB_CHARS.search(path):
+        con.execute(f"CREATE VIEW compare AS SELECT * FROM {_read_parquet([path])}")
+
+
 def describe_views(con: duckdb.DuckDBPyConnection) -> str:
     lines = ["Views and their columns:"]
-    for name in sorted(VIEWS):
+    names = [r[0] for r in con.execute("SELECT view_name FROM duckdb_views()").fetchall()]
+    for name in sorted(set(VIEWS) | ({"compare"} & set(names))):
         cols = con.execute(f"DESCRIBE {name}").fetchall()
         lines.append(f"  {name}(" + ", ".join(f"{c[0]} {c[1]}" for c in cols) + ")")
     return "\n".join(lines)
