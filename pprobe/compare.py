@@ -44,8 +44,25 @@ UNDEFINED_OUTPUTS = (
 )
 
 
-def undefined_output(op: str) -> bool:
-    return any(fnmatch.fnmatchcase(op, p) for p in UNDEFINED_OUTPUTS)
+#: In-place fills: the tensor they overwrite (their first input) may be uninitialised memory.
+OVERWRITTEN_INPUTS = (
+    "torch.nn.init.*",
+    "torch.Tensor.uniform_",
+    "torch.Tensor.normal_",
+    "torch.Tensor.zero_",
+    "torch.Tensor.fill_",
+    "torch.Tensor.random_",
+    "torch.Tensor.copy_",
+)
+
+
+def undefined_value(op: str, role: str, idx: str) -> bool:
+    """Whether this tensor's values mean nothing (uninitialised memory)."""
+    if role == "output":
+        return any(fnmatch.fnmatchcase(op, p) for p in UNDEFINED_OUTPUTS)
+    return idx in ("0", "tensor", "self") and any(
+        fnmatch.fnmatchcase(op, p) for p in OVERWRITTEN_INPUTS
+    )
 
 
 class CompareError(Exception):
@@ -306,9 +323,10 @@ class Settings:
     warn_factor: float = 10.0
     mapping: Mapping = field(default_factory=Mapping)
 
-    def tolerance(self, op: Op, ta: Tensor, tb: Tensor) -> tuple[float, float, float]:
-        """(rtol, atol, warn_factor): an op pattern's rule, else the flags, else the dtype's."""
-        rtol, atol = cm.dtype_tolerance(ta.dtype, tb.dtype)
+    def tolerance(self, op: Op, dtypes: Iterable[str | None]) -> tuple[float, float, float]:
+        """(rtol, atol, warn_factor): an op pattern's rule, else the flags, else the loosest
+        of ``dtypes`` (the pair's, and those of the op's inputs in A and B)."""
+        rtol, atol = cm.dtype_tolerance(*dtypes)
         rtol = self.rtol if self.rtol is not None else rtol
         atol = self.atol if self.atol is not None else atol
         wf = self.warn_factor
@@ -471,6 +489,8 @@ def _tensor_results(p: Pair, settings: Settings) -> list[TensorResult]:
     assert p.a is not None and p.b is not None
     keys = list(p.a.tensors) + [k for k in p.b.tensors if k not in p.a.tensors]
     keys.sort(key=lambda k: (k[0] != "input", k[1]))
+    # an output is no more precise than the op's inputs (bf16 in, fp32 out: bf16's tolerance)
+    in_dtypes = [t.dtype for o in (p.a, p.b) for k, t in o.tensors.items() if k[0] == "input"]
     out = []
     for k in keys:
         ta, tb = p.a.tensors.get(k), p.b.tensors.get(k)
@@ -478,12 +498,16 @@ def _tensor_results(p: Pair, settings: Settings) -> list[TensorResult]:
         if ta is None or tb is None:
             tr.source, tr.verdict, tr.diff = "missing", cm.WARN, True
             tr.reason = f"only in {'B' if ta is None else 'A'}"
-        elif k[0] == "output" and undefined_output(p.a.op):
+        elif undefined_value(p.a.op, k[0], k[1]):
             tr.source = "meta"
             tr.reason = "uninitialised memory: shape and dtype only"
-            tr.rtol, tr.atol, tr.warn_factor = settings.tolerance(p.a, ta, tb)
+            tr.rtol, tr.atol, tr.warn_factor = settings.tolerance(
+                p.a, [ta.dtype, tb.dtype, *in_dtypes]
+            )
         else:
-            tr.rtol, tr.atol, tr.warn_factor = settings.tolerance(p.a, ta, tb)
+            tr.rtol, tr.atol, tr.warn_factor = settings.tolerance(
+                p.a, [ta.dtype, tb.dtype, *in_dtypes]
+            )
         out.append(tr)
     return out
 
@@ -504,6 +528,7 @@ def _judge(tr: TensorResult) -> None:
     if tr.el is not None:
         tr.source, el = "dump", tr.el
         tr.diff = dtype_diff or not el.identical
+        tr.ratio = el.ratio
         if el.nonfinite_mismatch:
             tr.verdict, tr.reason = cm.FAIL, f"NaN/inf differ at {el.nonfinite_mismatch} places"
             return
@@ -808,6 +833,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("rtol", "float64"),
     ("atol", "float64"),
     ("identical", "bool"),
+    ("dump_a", "string"),
+    ("dump_b", "string"),
 ]
 
 
@@ -874,6 +901,8 @@ def rows(c: Comparison) -> Iterable[dict[str, Any]]:
                 rtol=t.rtol,
                 atol=t.atol,
                 identical=None if t.source == "missing" else not t.diff,
+                dump_a=t.a.dump if t.a else None,
+                dump_b=t.b.dump if t.b else None,
             )
             row["within_1e-3"] = el.within_1e3 if el else None
             row["within_5e-3"] = el.within_5e3 if el else None

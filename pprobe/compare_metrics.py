@@ -40,9 +40,9 @@ PASS, WARN, FAIL = "pass", "warn", "fail"
 SEVERITY = {PASS: 0, WARN: 1, FAIL: 2}
 
 
-def dtype_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
-    """(rtol, atol) for a pair: the looser of the two dtypes' (bf16 vs fp32: bf16's)."""
-    cands = [DTYPE_TOLERANCES.get(d or "", EXACT) for d in (dtype_a, dtype_b)]
+def dtype_tolerance(*dtypes: str | None) -> tuple[float, float]:
+    """(rtol, atol) for a pair: the loosest of the dtypes' (bf16 vs fp32: bf16's)."""
+    cands = [DTYPE_TOLERANCES.get(d or "", EXACT) for d in dtypes] or [EXACT]
     return max(c[0] for c in cands), max(c[1] for c in cands)
 
 
