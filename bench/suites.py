@@ -59,6 +59,8 @@ class Plan:
     query_rounds: int
     memory_steps: tuple[int, int]
     memory_rounds: int
+    compare_arrays: tuple[int, int] = (1 << 20, 4)  # (float32 elements per array, arrays)
+    compare_rounds: int = 1
     clock: str = "cpu"
     torch_threads: int = 1
 
@@ -90,6 +92,8 @@ class Plan:
                 query_rounds=1,
                 memory_steps=(3, 30),
                 memory_rounds=1,
+                compare_arrays=(1 << 20, 4),
+                compare_rounds=1,
             )
         return cls(
             clock=clock,
@@ -112,6 +116,8 @@ class Plan:
             query_rounds=2,
             memory_steps=(50, 500),
             memory_rounds=1,
+            compare_arrays=(4 << 20, 20),
+            compare_rounds=3,
         )
 
 
@@ -891,6 +897,100 @@ def memory(plan: Plan, log: Log) -> Section:
     return sec
 
 
+# ------------------------------------------------------------------ 9: compare
+COMPARE_GEN = """
+import os
+import numpy as np
+
+n, k = int(os.environ["N"]), int(os.environ["K"])
+rng = np.random.default_rng(0)
+for i in range(k):
+    a = rng.standard_normal(n, dtype=np.float32)
+    if os.environ.get("PERTURB"):
+        a *= np.float32(1 + 1e-6)
+    b = np.tanh(a)
+"""
+
+COMPARE_RUN = """
+import json, sys, time
+from pprobe.compare import compare
+t0 = time.perf_counter()
+c = compare(sys.argv[1], sys.argv[2])
+wall = time.perf_counter() - t0
+n = c.counts()
+print(json.dumps({"wall_s": wall, "dumps_s": c.dump_seconds, "bytes": n["dump_bytes"],
+                  "aligned": n["aligned"],
+                  "fail": n["fail"], "tensors": n["tensors"]}))
+"""
+
+
+def compare(plan: Plan, log: Log) -> Section:
+    """Throughput of pprobe compare over two dump-mode runs of float32 arrays (the dumps are
+    in the page cache: they were just written)."""
+    n, k = plan.compare_arrays
+    sec = Section("compare", f"9. Compare: two dump runs, {k} x tanh of {_size(4 * n)} arrays")
+    root = tempfile.mkdtemp(prefix="pprobe-bench-compare-")
+    try:
+        runs = []
+        for name, extra in (("a", {}), ("b", {"PERTURB": "1"})):
+            out = os.path.join(root, name)
+            env = base_env()
+            env.update(
+                PYTHONPATH=BOOTSTRAP, PPROBE_OUTPUT=out, PPROBE_MODE="dump",
+                PPROBE_BUDGET="64GiB", N=str(n), K=str(k), **extra,
+            )  # fmt: skip
+            rc, _, err, wall, _, _ = run_process(
+                [sys.executable, "-c", COMPARE_GEN], env, root, timeout=1800
+            )
+            if rc != 0:
+                sec.row(name, "generation failed", err.strip().splitlines()[-1:] or "")
+                return sec
+            runs.append(os.path.join(out, "latest"))
+            log(f"    run {name}: made in {wall:.1f} s")
+        results = []
+        for _ in range(plan.compare_rounds):
+            env = base_env()
+            env["PYTHONPATH"] = REPO
+            rc, out_, err, wall, rss, cpu = run_process(
+                [sys.executable, "-c", COMPARE_RUN, *runs], env, root, timeout=1800
+            )
+            if rc != 0:
+                sec.row("compare", "failed", (err.strip().splitlines() or [""])[-1])
+                return sec
+            d = json.loads(out_.strip().splitlines()[-1])
+            d.update(process_wall_s=wall, cpu_s=cpu, peak_rss_mb=rss)
+            results.append(d)
+        sec.variants["compare"] = {"status": "ok", "runs": results}
+        gb = results[0]["bytes"] / 1e9
+        wall_s = median([r["wall_s"] for r in results])
+        cpu_s = median([r["cpu_s"] for r in results])
+        dumps_s = median([r["dumps_s"] for r in results])
+        rss = median([r["peak_rss_mb"] for r in results])
+        fig = sec.figures
+        fig.update(
+            dump_gb=gb,
+            wall_s=wall_s,
+            gb_per_s=gb / dumps_s,
+            dumps_s=dumps_s,
+            end_to_end_gb_per_s=gb / wall_s,
+            cpu_s=cpu_s,
+            gb_per_cpu_s=gb / cpu_s,
+            peak_rss_mb=rss,
+            tensors=results[0]["tensors"],
+            fail=results[0]["fail"],
+        )
+        sec.row("compare", "dumps compared (both runs)", _f(gb, 2), "GB")
+        sec.row("compare", "whole compare (load, align, metrics), median", _f(wall_s, 2), "s")
+        sec.row("compare", "of which comparing dumps, median", _f(dumps_s, 2), "s")
+        sec.row("compare", "throughput over dumps", _f(gb / dumps_s, 2), "GB/s")
+        sec.row("compare", "throughput end to end", _f(gb / wall_s, 2), "GB/s")
+        sec.row("compare", "throughput per CPU second (all threads)", _f(gb / cpu_s, 2), "GB/cpu-s")
+        sec.row("compare", "peak RSS of the compare process", _f(rss), "MB")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return sec
+
+
 SUITES: dict[str, Callable[[Plan, Log], Section]] = {
     "micro_numpy": lambda p, log: micro(p, log, "numpy"),
     "micro_torch": lambda p, log: micro(p, log, "torch"),
@@ -901,6 +1001,7 @@ SUITES: dict[str, Callable[[Plan, Log], Section]] = {
     "dumps": dumps,
     "query": query,
     "memory": memory,
+    "compare": compare,
 }
 #: Older names accepted by ``--only`` (workload 4 was one section of both programs).
 ALIASES: dict[str, tuple[str, ...]] = {"numpy_programs": ("numpy_mlp", "scipy_loop")}

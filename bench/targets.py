@@ -34,7 +34,21 @@ def judge(sections: dict[str, Section]) -> list[Target]:
     out += _dumps(sections)
     out += _query(sections)
     out += _memory(sections)
+    out += _compare(sections)
     return out
+
+
+def _compare(s: dict[str, Section]) -> list[Target]:
+    sec = s.get("compare")
+    v = sec.figures.get("gb_per_s") if sec is not None else None
+    return [
+        _t(
+            "compare: dumps compared per second (wall, metrics phase)",
+            f"{v:.2f} GB/s" if v is not None else "n/a",
+            ">= 0.5 GB/s",
+            None if v is None else v >= 0.5,
+        )
+    ]
 
 
 #: The program workloads: (section, script, name in the targets, log-mode limit).

@@ -561,10 +561,13 @@ def measure(
     settings: Settings,
     progress: Callable[[int, int], None] | None = None,
     threads: int | None = None,
+    timing: dict[str, float] | None = None,
 ) -> list[PairResult]:
     """Metrics and verdicts of every aligned pair. Dumps present on both sides are compared
     element by element (in threads, memory-mapped, chunk by chunk); other tensors from their
-    statistics. ``progress(done_bytes, total_bytes)`` is called as dumps are compared."""
+    statistics. ``progress(done_bytes, total_bytes)`` is called as dumps are compared;
+    ``timing["dumps_s"]`` receives the seconds spent comparing dumps."""
+    timing = {} if timing is None else timing
     results: list[PairResult] = []
     jobs: list[TensorResult] = []
     for p in pairs:
@@ -609,6 +612,7 @@ def measure(
             tr.st = cm.compare_stats(tr.a.stats, tr.b.stats, tr.rtol, tr.atol)
 
     n = threads or cm.workers()
+    t0 = time.perf_counter()
     if n > 1 and len(jobs) > 1:
         with ThreadPoolExecutor(n, thread_name_prefix="pprobe-compare") as pool:
             for sz, _ in zip(sizes, pool.map(run, jobs)):
@@ -621,6 +625,7 @@ def measure(
             done += sz
             if progress:
                 progress(done, total)
+    timing["dumps_s"] = time.perf_counter() - t0
     for r in results:
         if r.verdict == UNMATCHED:
             continue
@@ -710,7 +715,8 @@ class Comparison:
     run_b: Run
     results: list[PairResult]
     firsts: dict[str, PairResult]
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole compare
+    dump_seconds: float = 0.0  # comparing dumps element by element
 
     @property
     def first(self) -> PairResult | None:
@@ -782,9 +788,12 @@ def compare(
     settings = settings or Settings()
     run_a, run_b = load_run(resolve_run(a)), load_run(resolve_run(b))
     pairs = align(run_a, run_b, settings.mapping)
-    results = measure(pairs, settings, progress, threads)
+    timing: dict[str, float] = {}
+    results = measure(pairs, settings, progress, threads, timing)
     firsts = first_divergences(results)
-    return Comparison(run_a, run_b, results, firsts, time.perf_counter() - t0)
+    return Comparison(
+        run_a, run_b, results, firsts, time.perf_counter() - t0, timing.get("dumps_s", 0.0)
+    )
 
 
 # ------------------------------------------------------------------ rows (exported, saved)
