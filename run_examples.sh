@@ -35,6 +35,14 @@ echo "== the first ops that produced inf or NaN"
                        WHERE t.role = 'output' AND (t.nan_count > 0 OR t.inf_count > 0)
                        ORDER BY o.seq LIMIT 5"
 
+echo
+echo "== examples/precision_mlp.py in float64, then float32: where do the two runs part? (pprobe compare)"
+PYTHONPATH=bootstrap PRECISION=float64 "$PY" examples/precision_mlp.py
+golden=$(cat "$OUT/LATEST")
+PYTHONPATH=bootstrap PRECISION=float32 "$PY" examples/precision_mlp.py 2>/dev/null
+# exit status 1: the runs diverge (examples/test_compare_golden.py uses it as a pytest check)
+"$PY" -m pprobe compare "$golden" latest --top 5 || echo "(pprobe compare exit status $?: divergent)"
+
 if "$PY" -c "import torch" 2>/dev/null && [ -f examples/torch_mlp.py ]; then
   echo
   echo "== examples/torch_mlp.py under the probe (log mode, module paths, optimizer steps)"

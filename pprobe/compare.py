@@ -663,13 +663,15 @@ def first_divergences(results: list[PairResult]) -> dict[str, PairResult]:
     pass, or differ within the warn level, do not make it a carrier."""
     firsts: dict[str, PairResult] = {}
     carried: dict[str, set[tuple[Any, ...]]] = defaultdict(set)
-    ordered = sorted(
-        (r for r in results if r.pair.a is not None and r.pair.b is not None),
-        key=lambda r: (r.pair.group, r.pair.a.seq if r.pair.a else 0),
-    )
-    for r in ordered:
+    unmatched: dict[str, list[Op]] = defaultdict(list)  # ops of one run only, so far
+    for r in results:  # align()'s order: role, step, A's call order
         g = r.pair.group
         if g in firsts:
+            continue
+        if r.pair.a is None or r.pair.b is None:
+            o = r.pair.a or r.pair.b
+            if o is not None:
+                unmatched[g].append(o)
             continue
         bad = carried[g]
         if r.verdict == cm.FAIL:
@@ -686,10 +688,14 @@ def first_divergences(results: list[PairResult]) -> dict[str, PairResult]:
                     )
                 else:
                     names = ", ".join(t.idx for t in ins)
-                    r.origin_reason = (
-                        f"input {names} differs and no earlier op produced it "
-                        "(a parameter or input data differs)"
-                    )
+                    r.origin_reason = f"input {names} differs and no earlier aligned op produced it"
+                    near = unmatched[g][-3:]
+                    if near:
+                        r.origin_reason += "; ops found in one run only came before it: " + (
+                            ", ".join(f"{o.op} at {o.caller}" for o in near)
+                        )
+                    else:
+                        r.origin_reason += " (a parameter or input data differs)"
                 firsts[g] = r
                 continue
         for t in r.tensors:
@@ -758,10 +764,11 @@ class Comparison:
         """The n aligned ops with the worst verdicts, then the largest error ratios."""
         cands = [r for r in self.results if r.verdict in (cm.WARN, cm.FAIL)]
 
-        def key(r: PairResult) -> tuple[int, float]:
-            ratios = [t.ratio for t in r.tensors if t.ratio is not None and t.role == "output"]
-            rr = max(ratios, default=0.0)
-            return (-cm.SEVERITY[r.verdict], -(rr if not math.isnan(rr) else math.inf))
+        def key(r: PairResult) -> tuple[int, int, float]:
+            outs = [t for t in r.tensors if t.role == "output"] or r.tensors
+            nonfinite = any(t.el is not None and t.el.nonfinite_mismatch for t in outs)
+            rr = max((t.ratio for t in outs if t.ratio is not None), default=0.0)
+            return (-cm.SEVERITY[r.verdict], -nonfinite, -(rr if not math.isnan(rr) else math.inf))
 
         return sorted(cands, key=key)[:n]
 

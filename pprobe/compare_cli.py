@@ -251,11 +251,12 @@ def _worst_rows(rs: list[PairResult]) -> list[list[str]]:
                 "-" if a.step is None else str(a.step),
                 a.op,
                 a.module or "",
-                a.caller or "",
+                _short(a.caller),
                 _f(el.cosine) if el else "-",
                 _f(el.max_abs) if el else "-",
                 _f(el.max_rel) if el else "-",
                 _f(t.ratio),
+                _nonfinite(t),
                 t.source,
             ]
         )
@@ -273,8 +274,27 @@ _WORST_COLS = [
     "max abs",
     "max rel",
     "err/tol",
+    "NaN/inf",
     "from",
 ]
+
+
+def _nonfinite(t: Any) -> str:
+    """Places where NaN/inf differ (dumps), or B's NaN+inf count less A's (statistics)."""
+    if t.el is not None:
+        return str(t.el.nonfinite_mismatch) if t.el.nonfinite_mismatch else ""
+    if t.a is None or t.b is None or t.a.nan is None or t.b.nan is None:
+        return ""
+    d = (t.b.nan + (t.b.inf or 0)) - (t.a.nan + (t.a.inf or 0))
+    return f"{d:+d}" if d else ""
+
+
+def _short(caller: str | None) -> str:
+    """file:line relative to the current folder when the file lies under it."""
+    if not caller:
+        return ""
+    rel = os.path.relpath(caller)
+    return caller if rel.startswith("..") else rel
 
 
 def _summary_lines(c: Comparison) -> tuple[list[str], list[str]]:
@@ -297,7 +317,7 @@ def _summary_lines(c: Comparison) -> tuple[list[str], list[str]]:
         first = [
             f"First divergence ({f.pair.group}, step {a.step}): {a.op}"
             + (f" in {a.module}" if a.module else ""),
-            f"  at {a.caller}" + (f" ({a.function})" if a.function else ""),
+            f"  at {_short(a.caller)}" + (f" ({a.function})" if a.function else ""),
         ]
         line = source_line(a.caller)
         if line:
@@ -327,7 +347,7 @@ def _unmatched(c: Comparison, limit: int = 10) -> list[list[str]]:
         assert o is not None
         side = "A" if r.pair.a is not None else "B"
         out.append(
-            [side, r.pair.group, str(o.step), str(o.seq), o.op, o.module or "", o.caller or ""]
+            [side, r.pair.group, str(o.step), str(o.seq), o.op, o.module or "", _short(o.caller)]
         )
     return out[:limit] + (
         [["...", f"{len(out) - limit} more"] + [""] * 5] if len(out) > limit else []
