@@ -180,6 +180,8 @@ def _as_float(x: np.ndarray, dtype: str | None) -> np.ndarray | None:
     cannot be decoded here (its pair is compared from statistics)."""
     if dtype == "bfloat16" and x.dtype == np.uint16:
         return x.reshape(-1)  # decoded per chunk (_decode)
+    if dtype is not None and dtype != x.dtype.name:
+        return None  # raw bits of a dtype NumPy lacks (float8, complex32, ...)
     k = x.dtype.kind
     if k == "c":
         return np.ascontiguousarray(x).reshape(-1).view(x.real.dtype)
