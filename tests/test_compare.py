@@ -5,6 +5,7 @@ an inserted op, a perturbed weight, two ranks, stats mode, a mapping file, the C
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import subprocess
@@ -221,9 +222,9 @@ class Net(torch.nn.Module):
         self.head = torch.nn.Linear(8, 4)
 
     def forward(self, x):
-        h = torch.relu(self.fc1(x))
         if os.environ.get("EXTRA"):
-            h = h * 1.0
+            torch.relu(x)  # an inserted op, of a name the step calls again just after
+        h = torch.relu(self.fc1(x))
         h = torch.tanh(self.fc2(h))
         return self.head(h)
 
@@ -405,11 +406,16 @@ def test_torch_inserted_op_aligns_the_rest(tmp_path: Path, torch_base: Path) -> 
     doc = pairs_json(tmp_path, a, b)
     s = doc["summary"]
     only_b = [r for r in doc["pairs"] if r["match"] == "only_b"]
-    # one extra multiply per forward (two steps), nothing else unmatched
-    assert [(r["op"], r["step"]) for r in only_b] == [
-        ("torch.Tensor.mul", 0),
-        ("torch.Tensor.mul", 1),
+    # one extra relu per forward (two steps), nothing else unmatched
+    assert [(r["op"], r["step"], r["b_module_path"]) for r in only_b] == [
+        ("torch.relu", 0, "model"),
+        ("torch.relu", 1, "model"),
     ]
+    # A's relu is B's second relu of the step (the sequence alignment), and they agree:
+    # matched on occurrence alone it would be B's first (of another shape)
+    relus = [r for r in doc["pairs"] if r["op"] == "torch.relu" and r["match"] != "only_b"]
+    assert relus and all(r["match"] == "lcs" and r["identical"] for r in relus)
+    assert all(r["b_seq"] == r["a_seq"] + 1 + r["step"] for r in relus)
     assert s["only_a"] == 0 and s["fail"] == 0 and s["warn"] == 0
     n_a = len({(r["a_pid"], r["a_seq"]) for r in doc["pairs"] if r["a_seq"] is not None})
     assert s["aligned"] == n_a
@@ -559,3 +565,24 @@ def test_cli_parser_does_without_numpy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=clean_env()
     )
     assert p.stdout.split() == ["False", "False"], p.stderr
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pprobe import compare_cli
+
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    with compare_cli._progress() as update:
+        assert update is None  # no bar: the compare gets no callback
+    assert piped.getvalue() == ""
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with compare_cli._progress() as update:
+        update(50 << 20, 100 << 20)
+        update(100 << 20, 100 << 20)
+    assert "comparing dumps" in term.getvalue() and "104.9/104.9 MB" in term.getvalue()
