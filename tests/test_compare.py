@@ -586,3 +586,26 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
         update(50 << 20, 100 << 20)
         update(100 << 20, 100 << 20)
     assert "comparing dumps" in term.getvalue() and "104.9/104.9 MB" in term.getvalue()
+
+
+def test_dump_compare_memory_is_bounded(tmp_path: Path) -> None:
+    """Two 32 MB dumps are compared with a few MB of NumPy memory: memory-mapped, in chunks
+    (tracemalloc sees NumPy's allocations; the mapped pages are the page cache's)."""
+    import tracemalloc
+
+    n = 8 << 20
+    a = np.linspace(-1, 1, n, dtype=np.float32)
+    np.save(tmp_path / "a.npy", a)
+    np.save(tmp_path / "b.npy", a * np.float32(1.001))
+    del a
+    tracemalloc.start()
+    try:
+        e = cm.compare_files(
+            str(tmp_path / "a.npy"), str(tmp_path / "b.npy"), 1.3e-6, 1e-5, "float32", "float32"
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert e is not None and e.n == n and e.bytes_read == 2 * 4 * n
+    assert e.max_rel == pytest.approx(1e-3, rel=1e-3)
+    assert peak < 4 << 20, f"peak {peak / 1e6:.1f} MB for 64 MB of dumps"
