@@ -361,9 +361,17 @@ def expected_first(doc: dict[str, Any], warn_factor: float = 10.0) -> tuple[int,
     return None
 
 
-def test_numpy_fp32_vs_fp64(tmp_path: Path) -> None:
-    a = make_run(tmp_path, NUMPY_PROG, "a", DT="32")
-    b = make_run(tmp_path, NUMPY_PROG, "b", DT="64")
+@pytest.fixture(scope="module")
+def numpy_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """NUMPY_PROG in float32 (A), then float64 (B, the latest), in one output folder."""
+    d = tmp_path_factory.mktemp("numpy")
+    a = run_script(d, NUMPY_PROG, env={"DT": "32"}).check().run_dir
+    b = run_script(d, NUMPY_PROG, env={"DT": "64"}).check().run_dir
+    return a, b
+
+
+def test_numpy_fp32_vs_fp64(tmp_path: Path, numpy_runs: tuple[Path, Path]) -> None:
+    a, b = numpy_runs
     doc = pairs_json(tmp_path, a, b)
     s = doc["summary"]
     assert s["only_a"] == s["only_b"] == 0 and s["aligned"] == s["key"] > 0
@@ -378,7 +386,7 @@ def test_numpy_fp32_vs_fp64(tmp_path: Path) -> None:
     assert first and first[0]["a_seq"] == exp[0] and first[0]["op"] == exp[1]
     fd = doc["first_divergence"]
     assert fd["op"] == exp[1] and fd["caller"].endswith("prog.py:" + fd["caller"].split(":")[-1])
-    assert fd["source_line"] and fd["source_line"] in (tmp_path / "a" / "prog.py").read_text()
+    assert fd["source_line"] and fd["source_line"] in (a.parents[1] / "prog.py").read_text()
 
 
 @needs_torch
@@ -495,11 +503,9 @@ def test_stats_mode_and_cli(tmp_path: Path) -> None:
     assert cli(str(a), str(b), "--format", "parquet").returncode == 2
 
 
-def test_run_ids_latest_save_and_query(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = {"PPROBE_OUTPUT": str(out)}
-    a = run_script(tmp_path, NUMPY_PROG, env={**env, "DT": "32"}).check().run_dir
-    b = run_script(tmp_path, NUMPY_PROG, env={**env, "DT": "64"}).check().run_dir
+def test_run_ids_latest_save_and_query(tmp_path: Path, numpy_runs: tuple[Path, Path]) -> None:
+    a, b = numpy_runs
+    env = {"PPROBE_OUTPUT": str(a.parent)}
     save = tmp_path / "cmp"
     csv_path = tmp_path / "all.csv"
     p = cli(a.name, "latest", "--save", str(save), "--format", "csv", "-o", str(csv_path), **env)
