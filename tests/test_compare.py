@@ -524,7 +524,17 @@ def test_run_ids_latest_save_and_query(tmp_path: Path, numpy_runs: tuple[Path, P
     meta = json.loads((save / "meta.json").read_text())
     assert meta["run_a"] == str(a) and meta["run_b"] == str(b)
     assert got[meta["first_divergence"]["op"]]["first"]
-    assert len(text) - 1 == sum(1 for r in C.rows(C.compare(str(a), str(b))))
+    c = C.compare(str(a), str(b))
+    assert len(text) - 1 == sum(1 for r in C.rows(c))
+    # parquet holds the same rows, with the documented columns
+    import pyarrow.parquet as pq
+
+    from pprobe import compare_cli
+
+    compare_cli.write(c, "parquet", str(tmp_path / "all.parquet"))
+    t = pq.read_table(tmp_path / "all.parquet")
+    assert t.num_rows == len(text) - 1 and t.column_names == [n for n, _ in C.COLUMNS]
+    assert t.column_names == text[0].split(",")
 
 
 def test_mapping_renamed_module_and_thresholds(tmp_path: Path) -> None:
