@@ -96,6 +96,9 @@ def main(args: argparse.Namespace) -> int:
     except CompareError as e:
         print(f"pprobe compare: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `| head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return c.exit_status(args.fail_on) if "c" in locals() else 1
     except OSError as e:
         print(f"pprobe compare: {e}", file=sys.stderr)
         return 2
