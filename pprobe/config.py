@@ -222,6 +222,25 @@ def parse_steps(name: str, v: Any) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
+def nan_allow_patterns(name: str, v: Any) -> tuple[str, ...]:
+    """``pprobe nan``'s allowlist: comma-separated op-name globs, each optionally ending in
+    ``:mask`` (allowed only when the op's array inputs are a 0/1 mask). Checked here so that a
+    wrong value names its variable, like every setting."""
+    items = _list(name, v)
+    for item in items:
+        pattern, _, cond = item.partition(":")
+        why = never_matches(pattern) if pattern else "it is empty"
+        if why is None and cond not in ("", "mask"):
+            why = f"{':' + cond!r} is no condition (only :mask is)"
+        if why is not None:
+            raise ConfigError(
+                f"{name}={v!r} is not valid: {item!r} can match no op ({why}); allowed: a "
+                "comma-separated list of glob patterns over op names, each optionally ending "
+                "in :mask, such as torch.Tensor.masked_fill,numpy.where,numpy.log:mask"
+            )
+    return tuple(dict.fromkeys(items))
+
+
 # ---------------------------------------------------------------- the settings table
 @dataclass(frozen=True)
 class Setting:
@@ -422,6 +441,15 @@ SETTINGS: tuple[Setting, ...] = (
         "errors): auto (when stderr is a terminal), on, off.",
     ),
     Setting(
+        "nan_allow",
+        "PPROBE_NAN_ALLOW",
+        (),
+        nan_allow_patterns,
+        "`pprobe nan`: more ops whose inf outputs are expected (not NaN/inf origins), added to "
+        "its built-in allowlist: comma-separated globs such as `*masked_fill*,numpy.log:mask` "
+        "(`:mask`: only when the op's inputs are a 0/1 mask). Read by `pprobe nan` only.",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -470,6 +498,7 @@ class Config:
     flush_seconds: float = 1.0
     permissions: str = "private"
     summary_line: str = "auto"
+    nan_allow: tuple[str, ...] = ()
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -482,7 +511,15 @@ class Config:
     def from_json(cls, d: dict[str, Any]) -> Config:
         d = dict(d)
         d["steps"] = tuple(tuple(s) for s in d.get("steps", ()))
-        for k in ("include", "exclude", "dtypes", "frameworks", "torch_levels", "torch_params"):
+        for k in (
+            "include",
+            "exclude",
+            "dtypes",
+            "frameworks",
+            "torch_levels",
+            "torch_params",
+            "nan_allow",
+        ):
             if k in d:
                 d[k] = tuple(d[k])
         names = {f.name for f in dataclasses.fields(cls)}
