@@ -20,6 +20,7 @@ __all__ = [
     "load",
     "show",
     "active_run_dir",
+    "nan_origins",
     "__version__",
 ]
 
@@ -149,3 +150,16 @@ def active_run_dir() -> str | None:
     from .session import Session
 
     return Session.active.run.dir if Session.active is not None else None
+
+
+def nan_origins(run: str | None = None, **options: Any) -> dict[str, Any]:
+    """Where a run's NaNs and infs were born, as plain data (what ``pprobe nan`` prints).
+
+    ``run``: a run folder, output folder or run name (default: the latest run). Options:
+    ``inf=False`` counts NaN only, ``allow=[patterns]`` extends the allowlist,
+    ``default_allow=False`` drops the built-in one. See :func:`pprobe.nan.nan_origins` and
+    docs/nan.md. Imported on demand: nothing of it is loaded into a probed program.
+    """
+    from .nan import nan_origins as find
+
+    return find(run, **options)

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import compare_cli
 
     compare_cli.add_parser(sub)
+    from . import nancli
+
+    nancli.add_parser(sub)
 
     for name in ("install", "uninstall"):
         s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
@@ -97,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import compare_cli
 
         return compare_cli.main(args)
+    if args.command == "nan":
+        from . import nancli
+
+        return nancli.main(args)
     from . import siteinstall
 
     if args.command == "install":
