@@ -227,12 +227,25 @@ def load_calls(run_dir: str, nan_only: bool = False) -> list[Call]:
     return calls
 
 
+def load_collectives(run_dir: str) -> list[Call]:
+    """Every collective row of the run (without tensors): in-place collectives have no
+    output row, and what they received is seen only in later calls' inputs."""
+    from .query import run_sql
+
+    cols = ", ".join(_OPS_COLS)
+    _cols, rows = run_sql(
+        f"SELECT {cols} FROM ops WHERE kind = 'collective' ORDER BY host, pid, seq", run_dir
+    )
+    return [Call(**dict(zip(_OPS_COLS, r))) for r in rows]
+
+
 # ------------------------------------------------------------------ classification
 ORIGIN = "origin"  # produced a non-finite value from finite inputs
 ENTERED = "entered"  # first to see one, in an input that no recorded call produced
 PROPAGATION = "propagation"  # passed one on (its inputs held one)
 RECEIVED = "received"  # a collective that output one its inputs did not hold
-ALLOWED = "allowed"  # produced an expected inf (allowlist), or carried one on
+ALLOWED = "allowed"  # an allowlisted op that produced an expected inf
+EXPECTED = "expected"  # carried an expected inf on
 ABSORBED = "absorbed"  # inputs held one, outputs hold none (isnan, nan_to_num, a mask)
 
 
@@ -282,14 +295,29 @@ def classify(
     count_inf: bool = True,
     allow: Sequence[Allow] = (),
     run_dir: str | None = None,
+    collectives: Sequence[Call] = (),
 ) -> list[tuple[Call, str]]:
     """Each call of one process (seq order) with what it did (:data:`ORIGIN`, ...).
 
     Calls that contain other listed calls (module rows, api rows over aten rows) are left out:
-    their children say more precisely what happened."""
+    their children say more precisely what happened. ``collectives``: every collective row of
+    the process; an in-place collective (``all_reduce(t)``) has no output row, so a value it
+    received first shows in the input of a later call: that call is then propagation, and the
+    latest collective before it is listed as :data:`RECEIVED`."""
     parents = {c.parent for c in calls if c.parent is not None and c.parent >= 0}
+    listed = {c.seq for c in calls}
+    colls = sorted((c for c in collectives if c.seq not in listed), key=lambda c: c.seq)
     st = _State()
     out: list[tuple[Call, str]] = []
+
+    def first_seen(c: Call) -> str:
+        """A bad value in an input that no recorded call of this process made."""
+        before = [k for k in colls if k.seq < c.seq]
+        if not before:
+            return ENTERED
+        out.append((before[-1], RECEIVED))
+        return PROPAGATION
+
     for c in calls:
         if c.seq in parents:
             continue
@@ -297,9 +325,8 @@ def classify(
         out_nan, out_inf = c.counts(_OUT_ROLES)
         if not count_inf:
             in_inf = out_inf = 0
-        allowed = (
-            _allowed(c, allow, run_dir) if (out_inf or _INF_ARG.search(c.args or "")) else None
-        )
+        fills = out_inf or _INF_ARG.search(c.args or "")
+        allowed = _allowed(c, allow, run_dir) if fills else None
         # An inf in an input is a bad value once a real inf is about; an expected one while only
         # allowlisted ops made infs; and an unexplained one (from outside the log) otherwise.
         inf_bad = in_inf > 0 and (st.bad_inf or not st.expected_inf)
@@ -307,21 +334,21 @@ def classify(
         carried_expected = in_inf > 0 and not inf_bad
         out_bad_inf = out_inf > 0 and allowed is None and not carried_expected
         out_bad = out_nan > 0 or out_bad_inf
-        if allowed is not None and not out_nan:
+        if allowed is not None and not out_nan and not in_bad:
             what = ALLOWED
-        elif c.kind == "collective" and out_bad:
-            what = PROPAGATION if in_bad else RECEIVED
+        elif c.kind == "collective" and (out_bad or in_bad):
+            what = PROPAGATION if in_bad else RECEIVED  # sent, or received
         elif c.kind == "grad" and out_bad:  # a gradient row has no inputs of its own
             what = PROPAGATION if st.seen_bad else ORIGIN
         elif out_bad:
-            what = (PROPAGATION if st.seen_bad else ENTERED) if in_bad else ORIGIN
+            what = (PROPAGATION if st.seen_bad else first_seen(c)) if in_bad else ORIGIN
         elif in_bad:
-            what = ABSORBED if st.seen_bad else ENTERED
-        elif in_inf or out_inf:
-            what = ALLOWED  # carried an expected inf on
+            what = ABSORBED if st.seen_bad else first_seen(c)
+        elif in_inf or out_inf or allowed is not None:
+            what = EXPECTED  # carried an expected inf on
         else:
             continue  # its NaN/inf did not count (--no-inf)
-        if what == ALLOWED:
+        if what in (ALLOWED, EXPECTED):
             st.expected_inf = True
         else:
             st.seen_bad = True
@@ -504,10 +531,14 @@ def nan_origins(
     by_proc: dict[tuple[str, int], list[Call]] = {}
     for c in calls:
         by_proc.setdefault((c.host, c.pid), []).append(c)
+    colls: dict[tuple[str, int], list[Call]] = {}
+    for c in load_collectives(run_dir):
+        colls.setdefault((c.host, c.pid), []).append(c)
     origins: list[dict[str, Any]] = []
     allowed_ops: dict[str, int] = {}
     for p in procs:
-        walked = classify(by_proc.get((p["host"], p["pid"]), []), inf, allows, run_dir)
+        key = (p["host"], p["pid"])
+        walked = classify(by_proc.get(key, []), inf, allows, run_dir, colls.get(key, ()))
         starts = [i for i, (_c, w) in enumerate(walked) if w in (ORIGIN, ENTERED)]
         mine = []
         for n, i in enumerate(starts):
@@ -520,7 +551,7 @@ def nan_origins(
             mine.append(o)
         received = next((c for c, w in walked if w == RECEIVED), None)
         for c, w in walked:
-            if w == ALLOWED and c.counts(_OUT_ROLES)[1] and not c.counts(_IN_ROLES)[1]:
+            if w == ALLOWED:
                 allowed_ops[c.op] = allowed_ops.get(c.op, 0) + 1
         before = [c for c, w in walked[: starts[0] if starts else len(walked)] if w == RECEIVED]
         p["origins"] = len(mine)
@@ -531,7 +562,7 @@ def nan_origins(
             p["state"] = "origin"
         elif received is not None:
             p["state"] = "received"
-        elif any(w == ALLOWED for _c, w in walked):
+        elif any(w in (ALLOWED, EXPECTED) for _c, w in walked):
             p["state"] = "allowed"
         else:
             p["state"] = "clean"
