@@ -26,14 +26,16 @@ echo "== dumps in $OUT/latest/: $(echo "$npys" | wc -l) .npy files, e.g."
 echo "$npys" | head -n 3 | sed 's|.*/||' || true
 
 echo
-echo "== examples/nan_loss.py under the probe (stats mode): where does the loss turn NaN?"
+echo "== examples/nan_loss.py under the probe (stats mode): where was the NaN born?"
 PYTHONPATH=bootstrap PPROBE_MODE=stats "$PY" examples/nan_loss.py | tail -3
 echo
-echo "== the first ops that produced inf or NaN"
-"$PY" -m pprobe query "SELECT o.step, o.seq, o.op, t.role, t.idx, t.nan_count, t.inf_count, o.caller
-                       FROM ops o JOIN tensors t USING (pid, seq)
-                       WHERE t.role = 'output' AND (t.nan_count > 0 OR t.inf_count > 0)
-                       ORDER BY o.seq LIMIT 5"
+echo "== pprobe nan: the origin (log(0) -> -inf) and what carried it on (0 * -inf -> NaN)"
+rc=0
+"$PY" -m pprobe nan || rc=$?
+if [ "$rc" -ne 1 ]; then  # 1: an origin was found, as it must be here
+  echo "pprobe nan exited $rc, expected 1" >&2
+  exit 1
+fi
 
 echo
 echo "== examples/precision_mlp.py in float64, then float32: where do the two runs part? (pprobe compare)"

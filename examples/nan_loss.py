@@ -1,12 +1,23 @@
-"""A training loop whose loss turns NaN: find the first bad op with pprobe.
+"""A training loop whose loss turns NaN: find the op where it was born with pprobe.
 
     PYTHONPATH=bootstrap PPROBE_MODE=stats python examples/nan_loss.py
-    pprobe query "SELECT o.step, o.seq, o.op, o.caller, t.role, t.idx, t.nan_count, t.inf_count
-                  FROM ops o JOIN tensors t USING (pid, seq)
-                  WHERE t.nan_count > 0 OR t.inf_count > 0 ORDER BY o.seq LIMIT 5"
+    pprobe nan          # exit status 1: an origin was found
 
-A buggy warm-up multiplies the learning rate every step instead of ramping it to a ceiling:
-the weights grow until np.exp overflows to inf, and inf / inf gives NaN in the softmax.
+A buggy warm-up multiplies the learning rate every step instead of ramping it to a ceiling,
+so the weights, and the gaps between the logits, grow every step. Nothing overflows: at
+step 17 the largest logit is ~344, far below the ~709 where np.exp reaches inf. What
+happens is an underflow:
+
+1. softmax's division ``e / sum(e)`` rounds to exactly 0.0 the probability of a class whose
+   logit lies more than ~745 below the best one's (e**-745 is under the smallest float64,
+   5e-324): the logits of step 17 span -414 to 344;
+2. ``np.log(p)`` turns those zeros into -inf (``pprobe nan`` names it: the origin);
+3. ``onehot * np.log(p)`` computes 0 * -inf = NaN for the classes that are not the label
+   (``pprobe nan --no-inf``, which counts NaN only, names this multiply), and the sum and
+   the mean carry the NaN into the loss.
+
+The fix is a log-softmax (``z - z.max() - log(sum(exp(z - z.max())))``), which never takes
+the log of an underflowed probability, and a learning-rate ceiling.
 """
 
 import numpy as np
@@ -22,7 +33,8 @@ except ImportError:  # pragma: no cover
 
 
 def softmax(z):
-    e = np.exp(z)  # no max-subtraction: overflows once logits exceed ~709
+    e = np.exp(z)
+    # Probabilities far below the largest one underflow to exactly 0.0 here ...
     return e / np.sum(e, axis=1, keepdims=True)
 
 
@@ -38,6 +50,7 @@ def main(steps: int = 40) -> None:
         step(i)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             p = softmax(x @ w)
+            # ... np.log(0) = -inf, then onehot's 0 * -inf = NaN: the loss is NaN.
             loss = -np.mean(np.sum(onehot * np.log(p), axis=1))
             grad = x.T @ (p - onehot) / len(x)
         w = w - lr * grad

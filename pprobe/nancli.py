@@ -275,7 +275,7 @@ def _ranks(say: Any, report: dict[str, Any]) -> None:
             mine = [o for o in report["origins"] if (o["host"], o["pid"]) == (p["host"], p["pid"])]
             o = mine[0]
             dt = (o["ts_ns"] - t0) / 1e6 if t0 is not None else 0.0
-            text = f"origin {o['op']} ({_where(o)}), +{dt:.3f} ms"
+            text = f"origin {o['op']} ({_where(o)}), {dt:+.3f} ms"
             if p["origins"] > 1:
                 text += f"; {p['origins'] - 1} more"
             if st == "received":
@@ -285,7 +285,7 @@ def _ranks(say: Any, report: dict[str, Any]) -> None:
         elif st == "received":
             r = p["received"]
             dt = (r["ts_ns"] - t0) / 1e6 if t0 is not None else 0.0
-            say(line, (f"received it through {r['op']} ({_where(r)}), +{dt:.3f} ms", "yellow"))
+            say(line, (f"received it through {r['op']} ({_where(r)}), {dt:+.3f} ms", "yellow"))
         elif st == "allowed":
             say(line, ("clean (expected infs only)", "green"))
         else:
