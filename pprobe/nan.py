@@ -62,6 +62,22 @@ DEFAULT_ALLOW: tuple[str, ...] = (
     "aten.where.*",
     "aten.log.*:mask",
 )
+#: Ops whose outputs are uninitialised memory: a NaN or inf in them is noise, not an origin
+#: (whatever fills them, such as ``uniform_``, takes that noise as its input and drops it).
+UNINITIALISED: tuple[str, ...] = (
+    "numpy.empty",
+    "numpy.empty_like",
+    "torch.empty",
+    "torch.empty_like",
+    "torch.empty_strided",
+    "torch.Tensor.new_empty",
+    "torch.Tensor.new_empty_strided",
+    "aten.empty.*",
+    "aten.empty_like.*",
+    "aten.empty_strided.*",
+    "aten.new_empty.*",
+    "aten.new_empty_strided.*",
+)
 #: An inf literal among a call's non-array arguments (``1=-inf``, ``value=inf``).
 _INF_ARG = re.compile(r"(?<![\w.])[-+]?inf\b")
 _INT_DTYPES = re.compile(r"bool|u?int\d+")
@@ -319,7 +335,7 @@ def classify(
         return PROPAGATION
 
     for c in calls:
-        if c.seq in parents:
+        if c.seq in parents or any(fnmatch.fnmatchcase(c.op, u) for u in UNINITIALISED):
             continue
         in_nan, in_inf = c.counts(_IN_ROLES)
         out_nan, out_inf = c.counts(_OUT_ROLES)
@@ -342,14 +358,16 @@ def classify(
             what = PROPAGATION if st.seen_bad else ORIGIN
         elif out_bad:
             what = (PROPAGATION if st.seen_bad else first_seen(c)) if in_bad else ORIGIN
-        elif in_bad:
-            what = ABSORBED if st.seen_bad else first_seen(c)
+        elif in_bad:  # nothing made: not an origin, even of a value from outside the log
+            what = ABSORBED
         elif in_inf or out_inf or allowed is not None:
             what = EXPECTED  # carried an expected inf on
         else:
             continue  # its NaN/inf did not count (--no-inf)
         if what in (ALLOWED, EXPECTED):
             st.expected_inf = True
+        elif what == ABSORBED:
+            pass  # e.g. uniform_() over an uninitialised tensor, np.isnan(data)
         else:
             st.seen_bad = True
             if out_bad_inf or (what == ENTERED and inf_bad):
