@@ -80,11 +80,15 @@ def main(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return EXIT_USAGE
         raise
-    if args.format == "json":
-        json.dump(report, sys.stdout, indent=1, default=str)
-        print()
-    else:
-        render(report, max_further=args.max)
+    try:
+        if args.format == "json":
+            json.dump(report, sys.stdout, indent=1, default=str)
+            print()
+        else:
+            render(report, max_further=args.max)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `pprobe nan | head`: the reader left; the verdict stands
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return EXIT_FOUND if found(report) else EXIT_CLEAN
 
 
