@@ -22,7 +22,7 @@ import linecache
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 #: Ops whose inf outputs are expected. A fill or a selection whose inputs are finite can only
@@ -143,6 +143,8 @@ def configured_allow(cwd: str | None = None, env: dict[str, str] | None = None) 
 # ------------------------------------------------------------------ the calls
 @dataclass
 class Tensor:
+    """One tensor row, as the report shows an origin's inputs and outputs."""
+
     role: str
     idx: str
     shape: list[int] | None
@@ -161,8 +163,12 @@ class Tensor:
         return dict(self.__dict__)
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
+    """One recorded call, reduced to what the walk needs: its tensors' NaN and inf counts
+    summed per side (inputs: roles ``input``/``param``; outputs: ``output``/``grad``; tensors
+    without statistics do not count) and what :func:`is_mask` asks of its inputs."""
+
     host: str
     pid: int
     rank: int | None
@@ -170,89 +176,145 @@ class Call:
     ts_ns: int
     op: str
     kind: str
-    status: str
-    caller: str | None
-    caller_function: str | None
-    module_path: str | None
-    phase: str | None
     step: int | None
-    depth: int | None
+    caller: str | None
     parent: int | None
     args: str | None
-    tensors: list[Tensor] = field(default_factory=list)
+    in_nan: int = 0
+    in_inf: int = 0
+    out_nan: int = 0
+    out_inf: int = 0
+    n_in: int = 0  # array inputs with statistics
+    in_unit: bool = False  # every one of them lies in [0, 1]
+    in_int: bool = False  # ... and has a bool or integer dtype
+    in_dumps: tuple[str, ...] = ()  # their dumps (dump mode)
 
-    def counts(self, roles: Sequence[str]) -> tuple[int, int]:
-        """(NaN, inf) summed over the tensors of these roles that have statistics."""
-        n = i = 0
-        for t in self.tensors:
-            if t.role in roles:
-                n += t.nan or 0
-                i += t.inf or 0
-        return n, i
+    @classmethod
+    def of(cls, tensors: Sequence[Tensor], **fields: Any) -> Call:
+        """A call with the counts of ``tensors`` (the in-memory twin of :func:`load_calls`)."""
+        c = cls(**fields)
+        ins = [t for t in tensors if t.role in _IN_ROLES and t.nan is not None]
+        outs = [t for t in tensors if t.role in _OUT_ROLES and t.nan is not None]
+        c.in_nan, c.in_inf = sum(t.nan or 0 for t in ins), sum(t.inf or 0 for t in ins)
+        c.out_nan, c.out_inf = sum(t.nan or 0 for t in outs), sum(t.inf or 0 for t in outs)
+        c.n_in = len(ins)
+        c.in_unit = all(
+            t.min is not None and t.max is not None and t.min >= 0 and t.max <= 1 for t in ins
+        )
+        c.in_int = all(bool(t.dtype and _INT_DTYPES.fullmatch(t.dtype)) for t in ins)
+        c.in_dumps = tuple(t.dump_path for t in ins if t.dump_path)
+        return c
 
 
-_OPS_COLS = (
-    "host pid rank seq ts_ns op kind status caller caller_function module_path phase step "
-    "depth parent args"
-).split()
+_CALL_COLS = "host pid rank seq ts_ns op kind step caller parent args".split()
+_DETAIL_COLS = "status caller_function module_path phase depth".split()
 _T_COLS = "role idx shape dtype device min max mean std nan_count inf_count dump_path note".split()
-
-
-def _num(v: Any) -> int | None:
-    return None if v is None else int(v)
+_INS = "t.role IN ('input', 'param') AND t.nan_count IS NOT NULL"
+_OUTS = "t.role IN ('output', 'grad') AND t.nan_count IS NOT NULL"
 
 
 def load_calls(run_dir: str, nan_only: bool = False) -> list[Call]:
-    """Every recorded call of the run that has a tensor holding a NaN (or an inf unless
-    ``nan_only``), with all its tensors, ordered by process and seq."""
+    """The recorded calls of the run that have a tensor holding a NaN (or an inf unless
+    ``nan_only``), or an inf among their arguments (in-place fills), ordered by process and
+    seq: one row per call, its tensors summed up by DuckDB."""
     from .query import run_sql
 
     bad = "t.nan_count > 0" if nan_only else "(t.nan_count > 0 OR t.inf_count > 0)"
     sql = f"""
-        WITH bad AS (SELECT DISTINCT t.pid, t.seq FROM tensors t WHERE {bad})
-        SELECT {", ".join("o." + c for c in _OPS_COLS)}, {", ".join("t." + c for c in _T_COLS)}
-        FROM bad JOIN ops o USING (pid, seq) JOIN tensors t USING (pid, seq)
-        ORDER BY o.host, o.pid, o.seq, t.role, t.idx
+        WITH bad AS (
+            SELECT t.pid, t.seq FROM tensors t WHERE {bad}
+            UNION
+            SELECT o.pid, o.seq FROM ops o
+            WHERE o.args IS NOT NULL AND regexp_matches(o.args, '(^|[^\\w.])[-+]?inf\\b')
+        ),
+        agg AS (
+            SELECT b.pid, b.seq,
+                coalesce(sum(t.nan_count) FILTER (WHERE {_INS}), 0) AS in_nan,
+                coalesce(sum(t.inf_count) FILTER (WHERE {_INS}), 0) AS in_inf,
+                coalesce(sum(t.nan_count) FILTER (WHERE {_OUTS}), 0) AS out_nan,
+                coalesce(sum(t.inf_count) FILTER (WHERE {_OUTS}), 0) AS out_inf,
+                count(*) FILTER (WHERE {_INS}) AS n_in,
+                coalesce(bool_and(coalesce(t.min >= 0 AND t.max <= 1, false))
+                         FILTER (WHERE {_INS}), true) AS in_unit,
+                coalesce(bool_and(coalesce(regexp_full_match(t.dtype, 'bool|u?int[0-9]+'),
+                                           false)) FILTER (WHERE {_INS}), true) AS in_int,
+                list(t.dump_path) FILTER (WHERE {_INS} AND t.dump_path IS NOT NULL) AS dumps
+            FROM bad b LEFT JOIN tensors t ON t.pid = b.pid AND t.seq = b.seq
+            GROUP BY b.pid, b.seq
+        )
+        SELECT {", ".join("o." + c for c in _CALL_COLS)}, a.in_nan, a.in_inf, a.out_nan,
+               a.out_inf, a.n_in, a.in_unit, a.in_int, a.dumps
+        FROM agg a JOIN ops o ON o.pid = a.pid AND o.seq = a.seq
+        ORDER BY o.host, o.pid, o.seq
     """
     _cols, rows = run_sql(sql, run_dir)
-    calls: list[Call] = []
-    n = len(_OPS_COLS)
-    for r in rows:
-        key = (r[0], r[1], r[3])
-        if not calls or (calls[-1].host, calls[-1].pid, calls[-1].seq) != key:
-            d = dict(zip(_OPS_COLS, r[:n]))
-            calls.append(Call(**d))
-        t = dict(zip(_T_COLS, r[n:]))
-        calls[-1].tensors.append(
-            Tensor(
-                t["role"],
-                t["idx"],
-                list(t["shape"]) if t["shape"] is not None else None,
-                t["dtype"],
-                t["device"],
-                t["min"],
-                t["max"],
-                t["mean"],
-                t["std"],
-                _num(t["nan_count"]),
-                _num(t["inf_count"]),
-                t["dump_path"],
-                t["note"],
-            )
-        )
-    return calls
+    return [
+        Call(
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
+            int(r[11]), int(r[12]), int(r[13]), int(r[14]), r[15], r[16], r[17],
+            tuple(r[18]) if r[18] else (),
+        )  # fmt: skip
+        for r in rows
+    ]
 
 
 def load_collectives(run_dir: str) -> list[Call]:
-    """Every collective row of the run (without tensors): in-place collectives have no
-    output row, and what they received is seen only in later calls' inputs."""
+    """Every collective row of the run: in-place collectives have no output row, and what
+    they received is seen only in later calls' inputs."""
     from .query import run_sql
 
-    cols = ", ".join(_OPS_COLS)
+    cols = ", ".join(_CALL_COLS)
     _cols, rows = run_sql(
         f"SELECT {cols} FROM ops WHERE kind = 'collective' ORDER BY host, pid, seq", run_dir
     )
-    return [Call(**dict(zip(_OPS_COLS, r))) for r in rows]
+    return [Call(**dict(zip(_CALL_COLS, r))) for r in rows]
+
+
+def load_details(run_dir: str, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], Any]:
+    """(pid, seq) -> (the call's other columns, its tensors) for the calls a report shows."""
+    from .query import run_sql
+
+    keys = sorted(set(keys))
+    out: dict[tuple[int, int], Any] = {}
+    for i in range(0, len(keys), 5000):
+        values = ", ".join(f"({int(p)}, {int(s)})" for p, s in keys[i : i + 5000])
+        _cols, rows = run_sql(
+            f"""
+            WITH k(pid, seq) AS (VALUES {values})
+            SELECT o.pid, o.seq, {", ".join("o." + c for c in _DETAIL_COLS)},
+                   {", ".join("t." + c for c in _T_COLS)}
+            FROM k JOIN ops o ON o.pid = k.pid AND o.seq = k.seq
+            LEFT JOIN tensors t ON t.pid = o.pid AND t.seq = o.seq
+            ORDER BY o.pid, o.seq, t.role, t.idx
+            """,
+            run_dir,
+        )
+        n = 2 + len(_DETAIL_COLS)
+        for r in rows:
+            key = (r[0], r[1])
+            if key not in out:
+                out[key] = (dict(zip(_DETAIL_COLS, r[2:n])), [])
+            t = dict(zip(_T_COLS, r[n:]))
+            if t["role"] is None:  # a call without tensors
+                continue
+            out[key][1].append(
+                Tensor(
+                    t["role"],
+                    t["idx"],
+                    list(t["shape"]) if t["shape"] is not None else None,
+                    t["dtype"],
+                    t["device"],
+                    t["min"],
+                    t["max"],
+                    t["mean"],
+                    t["std"],
+                    None if t["nan_count"] is None else int(t["nan_count"]),
+                    None if t["inf_count"] is None else int(t["inf_count"]),
+                    t["dump_path"],
+                    t["note"],
+                )
+            )
+    return out
 
 
 # ------------------------------------------------------------------ classification
@@ -269,32 +331,37 @@ def is_mask(call: Call, run_dir: str | None) -> bool:
     """Whether every array input of the call holds only 0 and 1 (a mask): bool and integer
     dtypes by their statistics; float inputs only from their dumps (their statistics cannot
     tell a 0/1 mask from probabilities that underflowed to 0, which is a real origin)."""
-    ins = [t for t in call.tensors if t.role in _IN_ROLES]
-    if not ins:
+    if not call.n_in or not call.in_unit:
         return False
-    for t in ins:
-        if t.min is None or t.max is None or t.min < 0 or t.max > 1:
-            return False
-        if t.dtype and _INT_DTYPES.fullmatch(t.dtype):
-            continue
-        if not (t.dump_path and run_dir):
-            return False
-        try:
-            import numpy as np
+    if call.in_int:
+        return True
+    if len(call.in_dumps) < call.n_in or not run_dir:
+        return False
+    try:
+        import numpy as np
 
-            a = np.load(os.path.join(run_dir, t.dump_path), mmap_mode="r", allow_pickle=False)
+        for path in call.in_dumps:
+            a = np.load(os.path.join(run_dir, path), mmap_mode="r", allow_pickle=False)
             if not bool(np.all((a == 0) | (a == 1))):
                 return False
-        except (OSError, ValueError, TypeError):
-            return False
+    except (OSError, ValueError, TypeError):
+        return False
     return True
 
 
-def _allowed(call: Call, allow: Sequence[Allow], run_dir: str | None) -> Allow | None:
-    for a in allow:
-        if a.matches(call.op) and (not a.mask or is_mask(call, run_dir)):
+def _allowed(
+    call: Call, allow: Sequence[Allow], run_dir: str | None, cache: dict[str, list[Allow]]
+) -> Allow | None:
+    hits = cache.get(call.op)
+    if hits is None:
+        hits = cache[call.op] = [a for a in allow if a.matches(call.op)]
+    for a in hits:
+        if not a.mask or is_mask(call, run_dir):
             return a
     return None
+
+
+_UNINIT = re.compile("|".join(fnmatch.translate(u) for u in UNINITIALISED))
 
 
 @dataclass
@@ -325,6 +392,8 @@ def classify(
     colls = sorted((c for c in collectives if c.seq not in listed), key=lambda c: c.seq)
     st = _State()
     out: list[tuple[Call, str]] = []
+    hits: dict[str, list[Allow]] = {}
+    uninit: dict[str, bool] = {}
 
     def first_seen(c: Call) -> str:
         """A bad value in an input that no recorded call of this process made."""
@@ -335,14 +404,18 @@ def classify(
         return PROPAGATION
 
     for c in calls:
-        if c.seq in parents or any(fnmatch.fnmatchcase(c.op, u) for u in UNINITIALISED):
+        if c.seq in parents:
             continue
-        in_nan, in_inf = c.counts(_IN_ROLES)
-        out_nan, out_inf = c.counts(_OUT_ROLES)
+        skip = uninit.get(c.op)
+        if skip is None:
+            skip = uninit[c.op] = _UNINIT.match(c.op) is not None
+        if skip:
+            continue
+        in_nan, in_inf, out_nan, out_inf = c.in_nan, c.in_inf, c.out_nan, c.out_inf
         if not count_inf:
             in_inf = out_inf = 0
-        fills = out_inf or _INF_ARG.search(c.args or "")
-        allowed = _allowed(c, allow, run_dir) if fills else None
+        fills = out_inf or (c.args and _INF_ARG.search(c.args))
+        allowed = _allowed(c, allow, run_dir, hits) if fills else None
         # An inf in an input is a bad value once a real inf is about; an expected one while only
         # allowlisted ops made infs; and an unexplained one (from outside the log) otherwise.
         inf_bad = in_inf > 0 and (st.bad_inf or not st.expected_inf)
@@ -350,8 +423,8 @@ def classify(
         carried_expected = in_inf > 0 and not inf_bad
         out_bad_inf = out_inf > 0 and allowed is None and not carried_expected
         out_bad = out_nan > 0 or out_bad_inf
-        if allowed is not None and not out_nan and not in_bad:
-            what = ALLOWED
+        if allowed is not None and not out_nan and not (in_bad and st.seen_bad):
+            what = ALLOWED  # a fill over uninitialised memory (NaN noise) too
         elif c.kind == "collective" and (out_bad or in_bad):
             what = PROPAGATION if in_bad else RECEIVED  # sent, or received
         elif c.kind == "grad" and out_bad:  # a gradient row has no inputs of its own
@@ -390,17 +463,19 @@ def source_line(caller: str | None, cwd: str | None = None) -> str | None:
     return text or None
 
 
-def _call_json(c: Call, cwd: str | None, with_tensors: bool = True) -> dict[str, Any]:
-    d: dict[str, Any] = {
-        k: getattr(c, k)
-        for k in (
-            "host pid rank seq ts_ns step op kind phase module_path caller caller_function args"
-        ).split()
-    }
-    d["source"] = source_line(c.caller, cwd)
-    if with_tensors:
-        d["inputs"] = [t.to_json() for t in c.tensors if t.role in _IN_ROLES]
-        d["outputs"] = [t.to_json() for t in c.tensors if t.role in _OUT_ROLES]
+def _call_json(c: Call, details: dict[tuple[int, int], Any], cwd: str | None) -> dict[str, Any]:
+    more, tensors = details.get((c.pid, c.seq), ({k: None for k in _DETAIL_COLS}, []))
+    d: dict[str, Any] = {k: getattr(c, k) for k in "host pid rank seq ts_ns step op kind".split()}
+    d.update(
+        phase=more["phase"],
+        module_path=more["module_path"],
+        caller=c.caller,
+        caller_function=more["caller_function"],
+        args=c.args,
+        source=source_line(c.caller, cwd),
+    )
+    d["inputs"] = [t.to_json() for t in tensors if t.role in _IN_ROLES]
+    d["outputs"] = [t.to_json() for t in tensors if t.role in _OUT_ROLES]
     return d
 
 
@@ -413,7 +488,7 @@ def _chain(later: list[tuple[Call, str]], count_inf: bool) -> dict[str, Any]:
     carried = [c for c, w in later if w in (PROPAGATION, RECEIVED)]
     absorbed = sum(1 for _c, w in later if w == ABSORBED)
     steps = [c.step for c in carried if c.step is not None]
-    first_nan = next((c for c in carried if c.counts(_OUT_ROLES)[0] > 0), None)
+    first_nan = next((c for c in carried if c.out_nan > 0), None)
     sent = [c for c in carried if c.kind == "collective"]
     return {
         "ops": len(carried),
@@ -552,7 +627,7 @@ def nan_origins(
     colls: dict[tuple[str, int], list[Call]] = {}
     for c in load_collectives(run_dir):
         colls.setdefault((c.host, c.pid), []).append(c)
-    origins: list[dict[str, Any]] = []
+    found: list[tuple[dict[str, Any], list[tuple[Call, str, dict[str, Any]]], Call | None]] = []
     allowed_ops: dict[str, int] = {}
     for p in procs:
         key = (p["host"], p["pid"])
@@ -562,18 +637,13 @@ def nan_origins(
         for n, i in enumerate(starts):
             c, w = walked[i]
             end = starts[n + 1] if n + 1 < len(starts) else len(walked)
-            o = _call_json(c, cwd)
-            o["how"] = w
-            o["nan"], o["inf"] = c.counts(_OUT_ROLES)
-            o["chain"] = _chain(walked[i + 1 : end], inf)
-            mine.append(o)
+            mine.append((c, w, _chain(walked[i + 1 : end], inf)))
         received = next((c for c, w in walked if w == RECEIVED), None)
         for c, w in walked:
             if w == ALLOWED:
                 allowed_ops[c.op] = allowed_ops.get(c.op, 0) + 1
         before = [c for c, w in walked[: starts[0] if starts else len(walked)] if w == RECEIVED]
         p["origins"] = len(mine)
-        p["received"] = _call_json(received, cwd, with_tensors=False) if received else None
         if mine and before:  # a value from another rank came first: the rest is its doing
             p["state"] = "received"
         elif mine:
@@ -584,7 +654,22 @@ def nan_origins(
             p["state"] = "allowed"
         else:
             p["state"] = "clean"
-        origins += mine
+        found.append((p, mine, received))
+    keys = [(c.pid, c.seq) for _p, mine, _r in found for c, _w, _ch in mine]
+    keys += [(r.pid, r.seq) for _p, _m, r in found if r is not None]
+    details = load_details(run_dir, keys) if keys else {}
+    origins: list[dict[str, Any]] = []
+    for p, mine, received in found:
+        for c, w, chain in mine:
+            o = _call_json(c, details, cwd)
+            o.update(how=w, nan=c.out_nan, inf=c.out_inf, chain=chain)
+            origins.append(o)
+        if received is not None:
+            r = _call_json(received, details, cwd)
+            del r["inputs"], r["outputs"]
+            p["received"] = r
+        else:
+            p["received"] = None
     origins.sort(key=lambda o: (o["ts_ns"], o["seq"]))
     return {
         "run": run_dir,

@@ -137,6 +137,9 @@ MASKS = """
     import numpy as np
     rng = np.random.default_rng(0)
     scores = rng.standard_normal((4, 4))
+    pad = np.empty(4)                                        # uninitialised: noise
+    pad.fill(-np.inf)                                        # in place: no output row
+    edge = scores[0] + pad
     causal = np.triu(np.full((4, 4), -np.inf), 1)           # FULL
     keep = rng.random((4, 4)) > 0.3
     np.fill_diagonal(keep, True)
@@ -159,11 +162,15 @@ def test_allowlisted_masks_are_not_origins(tmp_path: Path) -> None:
     rep = nan_json(tmp_path, r.run_dir, rc=0)
     assert rep["origins"] == []
     assert [p["state"] for p in rep["processes"]] == ["allowed"]
-    assert {"numpy.full", "numpy.where", "numpy.log"} <= set(rep["allowed_ops"])
-    # without the built-in allowlist, the -inf fill is the origin
+    allowed = {"numpy.ndarray.fill", "numpy.full", "numpy.where", "numpy.log"}
+    assert set(rep["allowed_ops"]) == allowed
+    # without the built-in allowlist, the first -inf is from outside the log (the in-place
+    # fill has no output), and np.full's -inf is an origin
     rep = nan_json(tmp_path, r.run_dir, "--no-default-allow")
-    assert rep["first"]["op"] == "numpy.full"
-    assert rep["origins"][0]["caller"].endswith(f":{line_of(MASKS, '# FULL')}")
+    assert [o["how"] for o in rep["origins"]][:2] == ["entered", "origin"]
+    assert rep["origins"][0]["caller"].endswith(f":{line_of(MASKS, 'edge = ')}")
+    assert rep["origins"][1]["op"] == "numpy.full"
+    assert rep["origins"][1]["caller"].endswith(f":{line_of(MASKS, '# FULL')}")
 
 
 def test_a_nan_made_from_an_expected_inf_is_an_origin(tmp_path: Path) -> None:
@@ -350,8 +357,8 @@ def T(role: str, nan: int = 0, inf: int = 0, dtype: str = "float32", lo: float =
 
 def C(seq: int, op: str, *tensors: nanmod.Tensor, kind: str = "function", parent: int = -1,
       args: str | None = None) -> nanmod.Call:  # fmt: skip
-    return nanmod.Call("h", 1, None, seq, seq * 10, op, kind, "ok", "f.py:1", "main", None,
-                       None, 0, 0, parent, args, list(tensors))  # fmt: skip
+    return nanmod.Call.of(tensors, host="h", pid=1, rank=None, seq=seq, ts_ns=seq * 10, op=op,
+                          kind=kind, step=0, caller="f.py:1", parent=parent, args=args)  # fmt: skip
 
 
 def kinds(calls: list[nanmod.Call], **kw: Any) -> list[tuple[str, str]]:
