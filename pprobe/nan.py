@@ -250,10 +250,26 @@ def load_calls(run_dir: str, nan_only: bool = False) -> list[Call]:
     _cols, rows = run_sql(sql, run_dir)
     return [
         Call(
-            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10],
-            int(r[11]), int(r[12]), int(r[13]), int(r[14]), r[15], r[16], r[17],
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            r[9],
+            r[10],
+            int(r[11]),
+            int(r[12]),
+            int(r[13]),
+            int(r[14]),
+            r[15],
+            r[16],
+            r[17],
             tuple(r[18]) if r[18] else (),
-        )  # fmt: skip
+        )
         for r in rows
     ]
 
