@@ -495,6 +495,19 @@ def _call_json(c: Call, details: dict[tuple[int, int], Any], cwd: str | None) ->
     return d
 
 
+def _within(c: Call, by_seq: dict[int, Call]) -> list[str]:
+    """The recorded calls that contain ``c``, innermost first (an api row over an aten row,
+    module rows), as far as the log's rows of bad values reach."""
+    out: list[str] = []
+    seen = {c.seq}
+    p = c.parent
+    while p is not None and p >= 0 and p in by_seq and p not in seen:
+        seen.add(p)
+        out.append(by_seq[p].op)
+        p = by_seq[p].parent
+    return out
+
+
 def _brief(c: Call) -> dict[str, Any]:
     return {"seq": c.seq, "step": c.step, "op": c.op, "caller": c.caller}
 
@@ -676,9 +689,11 @@ def nan_origins(
     details = load_details(run_dir, keys) if keys else {}
     origins: list[dict[str, Any]] = []
     for p, mine, received in found:
+        by_seq = {c.seq: c for c in by_proc.get((p["host"], p["pid"]), [])}
         for c, w, chain in mine:
             o = _call_json(c, details, cwd)
             o.update(how=w, nan=c.out_nan, inf=c.out_inf, chain=chain)
+            o["within"] = _within(c, by_seq)
             origins.append(o)
         if received is not None:
             r = _call_json(received, details, cwd)

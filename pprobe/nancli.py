@@ -209,7 +209,8 @@ def _origin(say: Any, o: dict[str, Any], count_inf: bool) -> None:
     if o["how"] == "entered":
         head = (
             f" was the first call to see {bad}: its input already held it (made by code "
-            "pprobe does not record: data loading, indexing, Python scalars, a call left out)"
+            "pprobe does not record: data loading, indexing, Python scalars, a backward pass "
+            "without the aten level, a call left out)"
         )
     elif count_inf:
         head = f" produced {bad} from finite inputs"
@@ -227,6 +228,8 @@ def _origin(say: Any, o: dict[str, Any], count_inf: bool) -> None:
     if o["source"]:
         say("          ", (o["source"], "bright_white"))
     say(f"  module  {o['module_path'] or '-'}")
+    if o.get("within"):
+        say(f"  within  {' < '.join(o['within'])}")
     if o["args"]:
         say(f"  args    {o['args']}")
     for role, ts in (("input ", o["inputs"]), ("output", o["outputs"])):

@@ -222,6 +222,23 @@ def test_log_mode_cannot_be_checked_and_says_so(tmp_path: Path) -> None:
     assert "log mode" in t.err and "PPROBE_MODE=stats" in t.err
 
 
+def test_a_value_from_outside_the_log_and_run_names(tmp_path: Path) -> None:
+    # the log is left out of the capture: the multiply is the first call to see its -inf
+    r = run_script(
+        tmp_path, LOG_THEN_MUL, env={"PPROBE_MODE": "stats", "PPROBE_EXCLUDE": "log"}
+    ).check()
+    name = r.run_dir.name
+    rep = nan_json(tmp_path, name, PPROBE_OUTPUT=str(r.output))  # a run's name
+    assert [(o["op"], o["how"]) for o in rep["origins"]] == [("numpy.ndarray.__mul__", "entered")]
+    assert any("exclude" in n for n in rep["notes"])
+    t = pprobe_nan(tmp_path, r.output)  # an output folder: its latest run
+    assert t.rc == 1 and "its input already held it" in t.out and "note: " in t.out
+    # a wrong PPROBE_NAN_ALLOW is a configuration error of the probed program too
+    bad = run_script(tmp_path, CLEAN, env={"PPROBE_NAN_ALLOW": "numpy.log:often"})
+    assert bad.rc == 0 and bad.pprobe_lines() == bad.err.splitlines()
+    assert len(bad.err.splitlines()) == 1 and "PPROBE_NAN_ALLOW" in bad.err
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     t = pprobe_nan(tmp_path, tmp_path / "nowhere")
     assert t.rc == 2 and "no pprobe run found" in t.err and "Traceback" not in t.err
@@ -299,6 +316,7 @@ def test_torch_a_nan_born_in_one_layer(tmp_path: Path) -> None:
     assert [o["op"] for o in rep["origins"]] == ["torch.sqrt"]
     o = rep["origins"][0]
     assert o["module_path"] == "model.3"
+    assert o["within"] == ["__main__.Fragile", "torch.nn.modules.container.Sequential"]
     assert o["caller"].endswith(f"prog.py:{line_of(TORCH_MODEL, '# SQRT')}")
     assert o["source"].startswith("return torch.sqrt(x - 0.5)")
     assert o["inputs"][0]["nan"] == 0 and o["outputs"][0]["nan"] > 0
