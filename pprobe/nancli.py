@@ -184,6 +184,12 @@ def render(report: dict[str, Any], max_further: int = MAX_FURTHER, console: Any 
         return
     further = [o for o in origins if firsts[(o["host"], o["pid"])] is not o]
     say()
+    if not origins:
+        say(
+            ("No origin in the log", "bold red"),
+            ": a non-finite value arrived through a collective from a process that recorded "
+            "no origin (not probed, in log mode, or outside the capture).",
+        )
     if further:
         say(("Further independent origins", "bold"), f" ({len(further)}):")
         shown = further if max_further <= 0 else further[:max_further]

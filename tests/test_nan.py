@@ -508,3 +508,67 @@ def test_nothing_is_imported_into_the_probed_program(tmp_path: Path) -> None:
     ).check()
     assert r.out.strip() == "[]"
     assert os.path.isdir(r.run_dir)
+
+
+def _origin(pid: int, rank: int | None, seq: int, ts: int, op: str) -> dict[str, Any]:
+    t = {"role": "output", "idx": "0", "shape": [2], "dtype": "float32", "device": "cpu",
+         "min": None, "max": None, "mean": None, "std": None, "nan": 2, "inf": 0,
+         "dump_path": None, "note": None}  # fmt: skip
+    chain = {"ops": 0, "absorbed": 0, "steps": None, "last": None, "first_nan": None,
+             "collectives": 0}  # fmt: skip
+    return {"host": "h", "pid": pid, "rank": rank, "seq": seq, "ts_ns": ts, "step": 3, "op": op,
+            "kind": "function", "phase": None, "module_path": "model.fc", "caller": "x.py:7",
+            "caller_function": "f", "args": "1=nan", "source": "y = f(x)", "inputs": [],
+            "outputs": [t], "how": "origin", "nan": 2, "inf": 0, "within": [],
+            "chain": chain}  # fmt: skip
+
+
+def render_text(report: dict[str, Any], **kw: Any) -> str:
+    import io
+
+    from rich.console import Console
+
+    from pprobe.nancli import render
+
+    buf = io.StringIO()
+    render(report, console=Console(file=buf, force_terminal=False, width=300), **kw)
+    return buf.getvalue()
+
+
+def test_unit_render_ranks_further_origins_and_received_only() -> None:
+    from pprobe.nancli import found
+
+    procs = [
+        {"host": "h", "pid": 10, "rank": 0, "ops": 5, "state": "origin", "origins": 3,
+         "received": None},
+        {"host": "h", "pid": 11, "rank": 1, "ops": 5, "state": "origin", "origins": 1,
+         "received": None},
+    ]  # fmt: skip
+    origins = [
+        _origin(11, 1, 4, 1_000_000, "torch.log"),
+        _origin(10, 0, 5, 3_000_000, "torch.sqrt"),
+        _origin(10, 0, 8, 4_000_000, "torch.div"),
+        _origin(10, 0, 9, 5_000_000, "torch.rsqrt"),
+    ]
+    report = {"run": "/r", "mode": "stats", "count_inf": True, "processes": procs,
+              "origins": origins, "first": {k: origins[0][k] for k in ("host", "pid", "rank",
+              "seq", "ts_ns", "step", "op")}, "allowed_ops": {}, "notes": []}  # fmt: skip
+    out = render_text(report, max_further=1)
+    assert out.count("ORIGIN  ") == 2  # each process's first origin in full
+    assert "Further independent origins (2):" in out and "torch.div" in out
+    assert "torch.rsqrt" not in out and "1 more (--max 0 lists all" in out
+    assert "First to go bad: rank 1 pid 11, torch.log" in out
+    assert "origin torch.sqrt (step 3, seq 5), +2.000 ms; 2 more" in out
+    assert "args    1=nan" in out and "y = f(x)" in out
+    assert found(report)
+    # a rank that only received a value, from a rank that recorded no origin
+    coll = {"host": "h", "pid": 10, "rank": 0, "seq": 2, "ts_ns": 9, "step": 3,
+            "op": "torch.distributed.all_reduce"}  # fmt: skip
+    procs = [dict(procs[0], state="received", origins=0, received=coll)]
+    report = dict(report, processes=procs, origins=[], first=None)
+    out = render_text(report)
+    assert "No origin in the log" in out
+    assert "received it through torch.distributed.all_reduce (step 3, seq 2)" in out
+    assert found(report)
+    clean = dict(report, processes=[dict(procs[0], state="clean", received=None)])
+    assert not found(clean) and "No NaN or inf was born" in render_text(clean)
