@@ -382,7 +382,8 @@ SETTINGS: tuple[Setting, ...] = (
         "PPROBE_ON_NAN",
         "off",
         _choice(("off", "warn", "raise")),
-        "At the first op that makes NaN or inf from finite inputs (stats and dump modes): "
+        "At the first op that makes NaN or inf from finite inputs (stats and dump modes; "
+        "infs of ops on pprobe nan's allowlist are expected): "
         "off; warn (a RuntimeWarning at the program's line); raise (FloatingPointError from "
         "the op's call). The rows so far are flushed first. docs/nan.md.",
     ),

@@ -25,59 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Ops whose inf outputs are expected. A fill or a selection whose inputs are finite can only
-#: produce an inf from the value the program asked for (``masked_fill(mask, -inf)``,
-#: ``np.full(n, -inf)``, ``np.where(m, x, -np.inf)``); ``log`` is expected only on a 0/1 mask
-#: (``:mask``): ``log`` of probabilities that underflowed to 0 is a real origin.
-DEFAULT_ALLOW: tuple[str, ...] = (
-    "numpy.full",
-    "numpy.full_like",
-    "numpy.where",
-    "numpy.ndarray.fill",
-    "numpy.copyto",
-    "numpy.putmask",
-    "numpy.place",
-    "numpy.log:mask",
-    "numpy.ma.*",
-    "torch.full",
-    "torch.full_like",
-    "torch.fill",
-    "torch.fill_",
-    "torch.where",
-    "torch.masked_fill",
-    "torch.Tensor.new_full",
-    "torch.Tensor.fill_",
-    "torch.Tensor.masked_fill",
-    "torch.Tensor.masked_fill_",
-    "torch.Tensor.where",
-    "torch.log:mask",
-    "torch.Tensor.log:mask",
-    "aten.full.*",
-    "aten.full_like.*",
-    "aten.new_full.*",
-    "aten.fill.*",
-    "aten.fill_.*",
-    "aten.masked_fill.*",
-    "aten.masked_fill_.*",
-    "aten.where.*",
-    "aten.log.*:mask",
-)
-#: Ops whose outputs are uninitialised memory: a NaN or inf in them is noise, not an origin
-#: (whatever fills them, such as ``uniform_``, takes that noise as its input and drops it).
-UNINITIALISED: tuple[str, ...] = (
-    "numpy.empty",
-    "numpy.empty_like",
-    "torch.empty",
-    "torch.empty_like",
-    "torch.empty_strided",
-    "torch.Tensor.new_empty",
-    "torch.Tensor.new_empty_strided",
-    "aten.empty.*",
-    "aten.empty_like.*",
-    "aten.empty_strided.*",
-    "aten.new_empty.*",
-    "aten.new_empty_strided.*",
-)
+from .opsets import DEFAULT_ALLOW, UNINITIALISED
+
 #: An inf literal among a call's non-array arguments (``1=-inf``, ``value=inf``).
 _INF_ARG = re.compile(r"(?<![\w.])[-+]?inf\b")
 _INT_DTYPES = re.compile(r"bool|u?int\d+")

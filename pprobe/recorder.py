@@ -21,7 +21,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, core, records, state, values
+from . import _report, core, opsets, records, state, values
 from .state import INTERNAL
 
 #: Rows waiting for the writer, in the layout of :mod:`pprobe.records` (fixed-size records,
@@ -46,6 +46,8 @@ _dumper: Any = None
 _cfg: Any = None
 _on_nan = 0  # PPROBE_ON_NAN: 0 off, 1 warn, 2 raise; reset to 0 once it fired
 _flush: Callable[[], None] | None = None  # writes the buffered rows now (writer.flush)
+_nan_allow: tuple[str, ...] = ()  # pprobe nan's allowlist (opsets.DEFAULT_ALLOW + nan_allow)
+_inf_allowed: dict[str, int] = {}  # op name -> 0 no, 1 its infs are expected, 2 on a 0/1 mask
 _pid = os.getpid()
 
 MODES = {"log": 0, "stats": 1, "dump": 2}
@@ -57,16 +59,9 @@ _FRAMEWORK_CODES = {"numpy": 1, "torch": 2}
 
 ops_by_index: list[Op] = []
 
-#: Ops whose outputs are uninitialised memory: their statistics are noise (±1e38 "largest
-#: values", NaNs that mean nothing), so they get none, and no dump: the row's note says why.
-UNINITIALISED = frozenset(
-    {"numpy.empty", "numpy.empty_like", "numpy.ndarray.__new__"}
-    | {f"torch.{n}" for n in ("empty", "empty_like", "empty_strided", "Tensor.new_empty",
-                              "Tensor.new_empty_strided", "empty_permuted")}
-    | {f"aten.{n}" for n in ("empty.memory_format", "empty_like.default",
-                             "empty_strided.default", "new_empty.default",
-                             "new_empty_strided.default", "empty_permuted.default")}
-)  # fmt: skip
+#: Outputs of :data:`pprobe.opsets.UNINITIALISED` ops are uninitialised memory: their
+#: statistics are noise (±1e38 "largest values", NaNs that mean nothing), so they get none,
+#: and no dump: the row's note says why.
 UNINITIALISED_NOTE = "uninitialised memory: no statistics, not dumped"
 
 
@@ -101,7 +96,7 @@ class Op:
         self.calls = 0
         self.safe = ""
         self.hidden = hidden  # never a row, and what it calls is hidden (np.seterr, ...)
-        self.uninit = name in UNINITIALISED
+        self.uninit = opsets.any_match(name, opsets.UNINITIALISED)
         self._configure()
 
     def _configure(self) -> None:
@@ -147,10 +142,12 @@ def configure(
     flush: Callable[[], None] | None = None,
 ) -> None:
     global _cfg, _nested, _parents, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
-    global _on_nan, _flush
+    global _on_nan, _flush, _nan_allow
     _cfg = cfg
     _on_nan = {"off": 0, "warn": 1, "raise": 2}[getattr(cfg, "on_nan", "off")]
     _flush = flush
+    _nan_allow = (*opsets.DEFAULT_ALLOW, *getattr(cfg, "nan_allow", ()))
+    _inf_allowed.clear()
     _nested = cfg.nested
     _parents = _nested or _want_parents
     _mode = MODES[cfg.mode]
@@ -564,7 +561,7 @@ def _end(
                                others))  # fmt: skip
         if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
             _wake()
-        if _on_nan and _mode and error is None and _born_here(ins, others):
+        if _on_nan and _mode and error is None and _born_here(op, ins, others):
             return _nan_origin(op, code, ins)
     except Exception as e:  # pprobe's (a step past int64, ...): the call's outcome goes on
         _report.internal_error("recording outputs", e)
@@ -573,10 +570,11 @@ def _end(
     return None
 
 
-def _born_here(descs: list, others: list) -> bool:
+def _born_here(op: Op, descs: list, others: list) -> bool:
     """Whether an output holds NaN or inf while every input with statistics is finite.
-    An infinite scalar argument (``masked_fill(m, -inf)``, ``np.full(n, -inf)``) makes
-    infinities on purpose: then only NaN counts."""
+    An infinite scalar argument (``masked_fill(m, -inf)``, ``np.full(n, -inf)``), or an op
+    of ``pprobe nan``'s allowlist (PPROBE_NAN_ALLOW), makes infinities on purpose: then only
+    NaN counts."""
     bad = False
     for d in descs:
         st = d[6]
@@ -599,9 +597,27 @@ def _born_here(descs: list, others: list) -> bool:
             if "nan" in v:
                 return False
             inf_arg = True
-    if inf_arg:
+    if inf_arg or _expects_inf(op, descs):
         return any(d[0] == "output" and d[6].__class__ is tuple and d[6][4] for d in descs)
     return True
+
+
+def _expects_inf(op: Op, descs: list) -> bool:
+    """Whether ``pprobe nan``'s allowlist expects infs from this call (``:mask`` entries: on
+    inputs of a bool or integer dtype only; a float 0/1 mask cannot be told from statistics)."""
+    k = _inf_allowed.get(op.name)
+    if k is None:
+        k = 0
+        for p in _nan_allow:
+            if opsets.matches(op.name, p):
+                if not p.endswith(":mask"):
+                    k = 1
+                    break
+                k = 2
+        _inf_allowed[op.name] = k
+    if k == 2:
+        return all(d[3] == "bool" or "int" in d[3] for d in descs if d[0] == "input" and d[3])
+    return k == 1
 
 
 def _nan_origin(op: Op, site: int, descs: list) -> BaseException | None:

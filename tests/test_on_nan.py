@@ -89,3 +89,28 @@ def test_a_bad_value_names_the_variable_and_its_choices(tmp_path: Path) -> None:
     r = run_script(tmp_path, "print(1)", env={"PPROBE_ON_NAN": "explode"}).check()
     assert r.out == "1\n"
     assert "PPROBE_ON_NAN='explode' is not valid; allowed: off, warn, raise" in r.err
+
+
+def test_pprobe_nans_allowlist_expects_infs_but_never_excuses_a_nan(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import warnings
+        import numpy as np
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.filterwarnings("always", message="pprobe")
+        with warnings.catch_warnings(record=True) as got:
+            warnings.filterwarnings("always", message="pprobe")
+            np.log(np.array([True, False]))        # log of a bool mask: -inf expected
+            np.reciprocal(np.zeros(1))             # allowed by PPROBE_NAN_ALLOW
+            np.where(np.array([True]), np.zeros(1) * 0 + np.inf, 0)   # inf arrives as input
+            np.full(1, 2.0) * np.nan               # NaN from a scalar argument: on purpose
+            np.divide(np.zeros(1), np.zeros(1))    # 0/0 = NaN: the origin
+        for w in got:
+            print(w.lineno, str(w.message).split(" (")[0])
+        """,
+        env={"PPROBE_MODE": "stats", "PPROBE_ON_NAN": "warn", "PPROBE_NAN_ALLOW": "*reciprocal"},
+    ).check()
+    assert r.out.splitlines() == [
+        "12 pprobe: first NaN/inf from finite inputs: numpy.divide",
+    ], r.out
