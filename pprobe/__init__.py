@@ -19,6 +19,7 @@ __all__ = [
     "step",
     "load",
     "show",
+    "summary",
     "active_run_dir",
     "nan_origins",
     "__version__",
@@ -109,6 +110,34 @@ def show(key: Any, run: str | None = None, pid: int | None = None, values: bool 
     from . import callview as _show
 
     return _show.show(key, run, pid, values)
+
+
+def summary(run: str | None = None, top: int = 10) -> Any:
+    """What ``pprobe summary`` shows about a run (default: this process's run while the
+    probe is on, after flushing it; else the latest): prints as text, Jupyter shows HTML
+    tables, ``.data`` is the plain data (``--format json``)."""
+    from . import runsummary as _summary
+    from .textout import Shown
+
+    if run is None:
+        run = _flushed_run_dir()
+    data = _summary.summarize(run, top)
+    return Shown(_summary.render(data), data)
+
+
+def _flushed_run_dir() -> str | None:
+    """This process's run folder, its buffered rows written first; None when the probe is
+    off."""
+    from .session import Session
+
+    s = Session.active
+    if s is None:
+        return None
+    try:
+        s.writer.flush()
+    except Exception:
+        pass
+    return s.run.dir
 
 
 def _isfile(path: str) -> bool:

@@ -217,7 +217,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- stubs
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from . import summary
+    from . import runsummary as summary
 
     return summary.main(args)
 

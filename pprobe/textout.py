@@ -152,6 +152,42 @@ class Doc:
             else:
                 con.print(escape(b[1]))
 
+    def html(self) -> str:
+        """The blocks as HTML tables (what Jupyter shows for :class:`Shown`)."""
+        import html
+
+        e = html.escape
+        left = "style='text-align:left'"
+        out: list[str] = ["<div class='pprobe'>"]
+        for b in self.blocks:
+            if isinstance(b, Table):
+                out.append(f"<h4>{e(b.title)}</h4>" if b.title else "")
+                if not b.rows:
+                    out.append(f"<p>{e(b.empty)}</p>")
+                    continue
+                align = ["right" if i in b.right else "left" for i in range(len(b.columns))]
+                head = "".join(
+                    f"<th style='text-align:{a}'>{e(c)}</th>" for c, a in zip(b.columns, align)
+                )
+                body = "".join(
+                    "<tr>"
+                    + "".join(f"<td style='text-align:{a}'>{e(v)}</td>" for v, a in zip(r, align))
+                    + "</tr>"
+                    for r in b.rows
+                )
+                out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+            elif b[0] == "title":
+                out.append(f"<h3>{e(b[1])}</h3>")
+            elif b[0] == "kv":
+                rows = "".join(
+                    f"<tr><th {left}>{e(k)}</th><td {left}>{e(v)}</td></tr>" for k, v in b[1]
+                )
+                out.append(f"<table>{rows}</table>")
+            else:
+                out.append(f"<pre>{e(b[1])}</pre>")
+        out.append("</div>")
+        return "".join(out)
+
     def print(self, file: IO[str] | None = None) -> None:
         """Rich text on a terminal, plain text otherwise."""
         f = file if file is not None else sys.stdout
@@ -169,3 +205,20 @@ def _isatty(f: IO[str]) -> bool:
         return f.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+class Shown:
+    """A :class:`Doc` for the Python API: prints as plain text, Jupyter shows HTML tables;
+    ``.data`` holds what it shows, as plain data."""
+
+    def __init__(self, doc: Doc, data: Any = None) -> None:
+        self.doc = doc
+        self.data = data
+
+    def __str__(self) -> str:
+        return self.doc.plain()
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        return self.doc.html()

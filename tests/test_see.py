@@ -394,7 +394,7 @@ def test_nothing_of_this_is_imported_into_a_probed_program(tmp_path: Path) -> No
         import sys
         import numpy as np
         np.add(np.ones(2), 1)
-        mods = ("pprobe.see_cli", "pprobe.summary", "pprobe.callview", "pprobe.runlist",
+        mods = ("pprobe.see_cli", "pprobe.runsummary", "pprobe.callview", "pprobe.runlist",
                 "pprobe.textout", "rich", "duckdb")
         print([m for m in mods if m in sys.modules])
         """,
