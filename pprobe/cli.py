@@ -71,6 +71,10 @@ def _parser() -> argparse.ArgumentParser:
 
     nancli.add_parser(sub)
 
+    sub.add_parser(
+        "bootstrap-path",
+        help="print the bootstrap folder: PYTHONPATH=$(pprobe bootstrap-path) python x.py",
+    )
     for name in ("install", "uninstall"):
         s = sub.add_parser(name, help=f"{name} the dormant site-wide start-up hook (.pth)")
         s.add_argument("--site", action="store_true", required=True)
@@ -104,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         from . import nancli
 
         return nancli.main(args)
+    if args.command == "bootstrap-path":
+        print(bootstrap_dir())
+        return 0
     from . import siteinstall
 
     if args.command == "install":

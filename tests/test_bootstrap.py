@@ -277,6 +277,22 @@ def test_site_pth_in_a_venv_with_system_site_packages(tmp_path: Path) -> None:
     assert op_names(active.run_dir) == ["numpy.ones", "numpy.add"]
 
 
+def test_bootstrap_path_works_from_any_folder(tmp_path: Path) -> None:
+    cli = {"PYTHONPATH": str(REPO), "PPROBE": None}
+    r = run([PYTHON, "-m", "pprobe", "bootstrap-path"], tmp_path, probe=False, env=cli).check()
+    path = r.out.strip()
+    assert (Path(path) / "sitecustomize.py").is_file() and os.path.isabs(path)
+    script = write(tmp_path / "elsewhere" / "prog.py", "import numpy as np\nnp.add(1, 2)\n")
+    probed = run(
+        [PYTHON, str(script)],
+        tmp_path / "elsewhere",
+        probe=False,
+        output=tmp_path / "out",
+        env={"PYTHONPATH": path, "PPROBE": None},
+    ).check()
+    assert op_names(probed.run_dir) == ["numpy.add"]
+
+
 def test_kill_switch(tmp_path: Path) -> None:
     plain = run_script(tmp_path, NUMPY_PROG, probe=False).check()
     for value in ("0", "false", "off"):
