@@ -343,12 +343,27 @@ def _compare(con: duckdb.DuckDBPyConnection, other: str) -> dict[str, Any]:
     saved = _compare_file(other) if os.path.isdir(other) else None
     if saved is not None:
         pq = "read_parquet('" + saved.replace("'", "''") + "')"
-        cur = con.execute(f"SELECT * FROM {pq} LIMIT {COMPARE_ROWS}")
+        names = {d[0] for d in con.execute(f"SELECT * FROM {pq} LIMIT 0").description or ()}
+        order = ""
+        if {"verdict", "first_divergence", "error_ratio"} <= names:
+            # pprobe compare's own table: the first divergence, then the worst pairs first
+            order = (
+                " ORDER BY first_divergence DESC, "
+                "CASE verdict WHEN 'fail' THEN 0 WHEN 'warn' THEN 1 ELSE 2 END, "
+                "error_ratio DESC NULLS LAST"
+            )
+        cur = con.execute(f"SELECT * FROM {pq}{order} LIMIT {COMPARE_ROWS}")
         cols = [d[0] for d in cur.description or ()]
         got = cur.fetchall()
         total = con.execute(f"SELECT count(*) FROM {pq}").fetchone()
+        verdicts = (
+            dict(con.execute(f"SELECT verdict, count(*) FROM {pq} GROUP BY 1").fetchall())
+            if "verdict" in names
+            else {}
+        )
         return {
             "kind": "saved",
+            "verdicts": verdicts,
             "source": saved,
             "columns": cols,
             "rows": [list(r) for r in got],

@@ -19,6 +19,8 @@ from typing import Any
 #: Colour ramp of the heatmap (viridis stops), low to high.
 _RAMP = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 _BAD = "#d62728"
+#: pprobe compare's verdicts, coloured like the severities.
+_VERDICT = {"fail": "#f8c9c9", "warn": "#fbe7b5", "pass": ""}
 _SEVERITY = {
     "high": "#f8c9c9",
     "medium": "#fbe7b5",
@@ -533,15 +535,32 @@ def _compare(d: dict[str, Any]) -> str:
     if c["kind"] == "saved":
         cols = c["columns"]
         sev = cols.index("severity") if "severity" in cols else None
+        ver = cols.index("verdict") if "verdict" in cols else None
+        first_i = cols.index("first_divergence") if "first_divergence" in cols else None
         rows = []
+        first_html = ""
         for r in c["rows"]:
-            bg = _SEVERITY.get(str(r[sev]), "") if sev is not None else ""
+            if sev is not None:
+                bg = _SEVERITY.get(str(r[sev]), "")
+            else:
+                bg = _VERDICT.get(str(r[ver]), "") if ver is not None else ""
             cells = "".join(_td(fmt_num(v), isinstance(v, (int, float))) for v in r)
             rows.append(f'<tr style="background:{bg}">{cells}</tr>')
+            if first_i is not None and r[first_i] and not first_html:
+                f = dict(zip(cols, r))
+                first_html = (
+                    f'<p class="alert">First divergence: {_e(f.get("op"))} at step '
+                    f"{_e(f.get('step'))} (process {_e(f.get('process'))}, module "
+                    f"{_e(f.get('module_path') or '-')}, {_e(f.get('caller') or '-')}): "
+                    f"{_e(f.get('reason') or f.get('tensor_verdict') or '')}.</p>"
+                )
         head = "".join(f"<th>{_e(x)}</th>" for x in cols)
+        counts = ", ".join(f"{n:,} {k}" for k, n in sorted(c.get("verdicts", {}).items()))
         return (
             f'<section id="compare"><h2>Compare</h2><p class="muted">From {_e(c["source"])}: '
-            f"{len(c['rows'])} of {c['total']:,} rows.</p>"
+            f"{len(c['rows'])} of {c['total']:,} rows"
+            + (f" ({_e(counts)}; first divergence and worst pairs first)" if counts else "")
+            + f".</p>{first_html}"
             f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></section>"
         )
     counts = c["counts"]

@@ -367,6 +367,29 @@ def test_compare_saved_folder(numpy_run: Path, tmp_path: Path) -> None:
     assert "numpy.add" in section(html, "compare") and "#f8c9c9" in section(html, "compare")
 
 
+def test_a_real_pprobe_compare_folder(
+    compare_runs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """``pprobe compare A B --save DIR`` then ``pprobe report B --compare DIR``: the first
+    divergence (step 2's multiply) is named, and the failing pairs come first, coloured."""
+    a, _, b = compare_runs
+    saved = tmp_path / "cmp"
+    r = subprocess.run(
+        [sys.executable, "-m", "pprobe", "compare", str(a), str(b), "--save", str(saved)],
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(REPO)),
+    )
+    assert r.returncode == 1, r.stderr  # divergent
+    c = report.collect(str(b), str(saved))["compare"]
+    assert c["kind"] == "saved" and c["verdicts"]["fail"] >= 1
+    first = dict(zip(c["columns"], c["rows"][0]))
+    assert first["first_divergence"] and first["op"] == "numpy.multiply" and first["step"] == 2
+    html = section(render(report.collect(str(b), str(saved))), "compare")
+    assert "First divergence: numpy.multiply at step 2" in html
+    assert html.index("#f8c9c9") < html.index('<tr style="background:">')  # fails first
+
+
 def test_torch_modules(torch_run: tuple[Path, list[str]]) -> None:
     run, modules = torch_run
     d = report.collect(str(run))
