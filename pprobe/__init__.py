@@ -23,7 +23,50 @@ __all__ = [
     "active_run_dir",
     "nan_origins",
     "__version__",
+    "table",
+    "register_table",
+    "metric",
+    "record",
+    "record_custom_data",
+    "register_hook",
+    "hook_function",
+    "Plugin",
+    "load_plugin",
+    "unload_plugin",
+    "sql",
+    "config",
 ]
+
+#: The extension API (docs/extending.md), loaded on first use: ``import pprobe`` at start-up
+#: must not import it (module ``__getattr__``, PEP 562).
+_LAZY = {
+    "table": "pprobe.ext.tables",
+    "register_table": "pprobe.ext.tables",
+    "metric": "pprobe.ext.tables",
+    "record": "pprobe.ext.tables",
+    "record_custom_data": "pprobe.ext.tables",
+    "register_hook": "pprobe.ext.hooks",
+    "hook_function": "pprobe.ext.hooks",
+    "Plugin": "pprobe.ext.plugins",
+    "load_plugin": "pprobe.ext.plugins",
+    "unload_plugin": "pprobe.ext.plugins",
+    "sql": "pprobe.ext.live",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        if name == "config":
+            import importlib
+
+            return importlib.import_module("pprobe.config")
+        raise AttributeError(f"module 'pprobe' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
 
 
 def enable(**settings: Any) -> str | None:

@@ -140,6 +140,23 @@ _SIZE_UNITS = {
 }
 
 
+def _interval(name: str, v: Any) -> float:
+    """0 (off) or a number of seconds in FLUSH_SECONDS_RANGE."""
+    try:
+        if not isinstance(v, bool) and float(v) == 0:
+            return 0.0
+    except (TypeError, ValueError):
+        pass
+    try:
+        return _seconds(name, v)
+    except ConfigError:
+        lo, hi = FLUSH_SECONDS_RANGE
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: 0 (off) or a number of seconds from {lo:g} "
+            f"to {hi:g}"
+        ) from None
+
+
 def _size(name: str, v: Any) -> int:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
@@ -451,6 +468,21 @@ SETTINGS: tuple[Setting, ...] = (
         "(`:mask`: only when the op's inputs are a 0/1 mask). Read by `pprobe nan` only.",
     ),
     Setting(
+        "sample_steps",
+        "PPROBE_SAMPLE_STEPS",
+        1,
+        _int(0),
+        "Sample `@table` and `@metric` functions every N step boundaries (0: never at steps).",
+    ),
+    Setting(
+        "sample_seconds",
+        "PPROBE_SAMPLE_SECONDS",
+        0.0,
+        _interval,
+        "Also sample `@table` and `@metric` functions every this many seconds, from pprobe's "
+        "thread (0: off).",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -500,6 +532,8 @@ class Config:
     permissions: str = "private"
     summary_line: str = "auto"
     nan_allow: tuple[str, ...] = ()
+    sample_steps: int = 1
+    sample_seconds: float = 0.0
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -900,6 +900,9 @@ def _open(run_dir: str, tables: Iterable[str] | None, how: str) -> duckdb.DuckDB
             for view, src in table_sources(run_dir, fill, how == "rebuild").items():
                 _register(con, view, src, view in fill)
         _register_compare(con, run_dir)
+        from .ext import sqlviews  # schema python: the user tables (pprobe.ext)
+
+        sqlviews.register(con, run_dir)
     except BaseException:
         con.close()
         raise

@@ -204,12 +204,22 @@ def after_fork() -> None:
         _native.after_fork_child()
 
 
+#: Called as ``f(old, new)`` after each step change (pprobe.ext.tables samples there).
+step_listeners: list[Callable[[int, int], None]] = []
+
+
 def set_step(n: int) -> None:
+    old = state.step
     state.step = n
     if _native is not None:
         _native.set_step(n)
     if _cfg is not None and _cfg.steps:
         refresh_active()
+    for f in step_listeners:
+        try:
+            f(old, n)
+        except Exception as e:
+            _report.internal_error("a step listener", e)
 
 
 # ---------------------------------------------------------------------- callers

@@ -119,6 +119,12 @@ class Session:
                 except Exception as e:
                     _report.internal_error(f"uninstalling the {fw} probe", e)
             self.installed.clear()
+        ext = sys.modules.get("pprobe.ext.tables")
+        if ext is not None:  # user tables: sampled once more, written, closed
+            try:
+                ext.stop()
+            except Exception as e:
+                _report.internal_error("closing python tables", e)
         self.writer.close()
         if self.dumper is not None:
             try:

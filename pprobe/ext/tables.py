@@ -1,0 +1,682 @@
+"""User tables and metrics: the registry, sampling, and the streamed shards of schema ``python``.
+
+A row reaches a table four ways: ``pprobe.record(table, row)`` / ``record_custom_data``, a
+``@table`` function sampled, a ``@metric`` function sampled (table ``metrics``), and
+``register_table(name, data)`` (a snapshot, replaced by the next call). Rows wait in memory
+and a daemon thread (``pprobe-ext``) appends them every ``flush_seconds`` to
+``<run>/log/python/{table}-{host}-{pid}-{k}.arrows``: Arrow IPC streams, readable up to the
+last complete batch after a crash, like the ``ops`` shards. When a table's columns change
+(a new column, a new type), the shard is closed and shard ``k + 1`` starts with the merged
+schema; readers unify the shards by column name (:func:`unify_types`).
+
+Sampling (docs/extending.md says when): at step boundaries every ``sample_steps`` steps, on a
+``sample_seconds`` interval, at exit, and before a live query. Nothing here touches the
+per-op path: the only link to the recorder is a step listener, installed on the first
+registration.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _report, state
+
+#: Columns pprobe adds to every row (a user column of the same name keeps the user's value).
+STD_COLUMNS = ("run_id", "pid", "rank", "step", "ts_ns")
+#: A function that raised this many times is switched off (the circuit breaker).
+MAX_FAILURES = 5
+#: Rows kept per table when no run records them (no session): the oldest are dropped past it.
+MEMORY_ROWS = 100_000
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Table names pprobe itself fills.
+RESERVED = ("metrics", "errors")
+
+
+class ExtensionError(ValueError):
+    """A bad argument to the extension API (a table name, a row)."""
+
+
+def check_name(name: Any, what: str = "table") -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ExtensionError(
+            f"{what} name {name!r} is not valid; allowed: letters, digits and _, not starting "
+            "with a digit (it is a SQL name: python.<name>)"
+        )
+    return name
+
+
+@dataclass
+class Source:
+    """A sampled function: a ``@table`` (rows) or a ``@metric`` (one number)."""
+
+    kind: str  # "table" or "metric"
+    name: str
+    fn: Callable[[], Any]
+    owner: str | None = None  # the plugin that registered it
+    failures: int = 0
+    off: bool = False
+
+
+_lock = threading.RLock()
+sources: dict[tuple[str, str], Source] = {}
+#: name -> (the data as given, as an Arrow table; owner)
+static: dict[str, tuple[Any, str | None]] = {}
+#: table -> rows not yet written (dicts, their standard columns filled)
+pending: dict[str, list[dict[str, Any]]] = {}
+#: table -> rows already written by this process, kept only when no run records them
+memory: dict[str, list[dict[str, Any]]] = {}
+_steps_seen = 0
+_active = False
+_flusher: _Flusher | None = None
+
+
+# ---------------------------------------------------------------------- public API
+def table(name: Any = None) -> Any:
+    """``@table("name")`` (or bare ``@table``): sample this function's rows into python.name.
+
+    The function returns a dict (one row), a list of dicts, a pandas DataFrame, an Arrow table,
+    or None (no rows this time)."""
+    if callable(name):
+        return table(None)(name)
+
+    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
+        register_table(name or fn.__name__, fn)
+        return fn
+
+    return deco
+
+
+def metric(name: Any = None) -> Any:
+    """``@metric("name")``: sample this function's number into python.metrics."""
+    if callable(name):
+        return metric(None)(name)
+
+    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
+        register_metric(name or fn.__name__, fn)
+        return fn
+
+    return deco
+
+
+def register_metric(name: str, fn: Callable[[], Any], owner: str | None = None) -> None:
+    check_name(name, "metric")
+    if not callable(fn):
+        raise ExtensionError(f"metric {name!r}: {fn!r} is not callable")
+    with _lock:
+        sources[("metric", name)] = Source("metric", name, fn, owner)
+    _activate()
+
+
+def register_table(name: str, data: Any, owner: str | None = None) -> None:
+    """A table in schema python: ``data`` a function (sampled like ``@table``), or the data
+    itself (a pandas DataFrame, an Arrow table, a dict, a list of dicts), registered as given;
+    registering the same name again replaces it."""
+    check_name(name)
+    if name in RESERVED:
+        raise ExtensionError(f"table name {name!r} is pprobe's own; allowed: any other name")
+    with _lock:
+        if callable(data) and not _is_frame(data):
+            static.pop(name, None)
+            sources[("table", name)] = Source("table", name, data, owner)
+        else:
+            sources.pop(("table", name), None)
+            static[name] = (_as_arrow(name, data), owner)
+    _activate()
+    if name in static:
+        _write_static(name)
+
+
+def unregister(kind: str, name: str) -> None:
+    """Forget a table or metric (rows already recorded stay)."""
+    with _lock:
+        sources.pop((kind, name), None)
+        if kind == "table":
+            static.pop(name, None)
+
+
+def record(table: str, row: Any) -> None:
+    """Append a row (a dict) or rows (a list of dicts, a DataFrame, an Arrow table) to
+    python.table now, with the current step and time."""
+    check_name(table)
+    rows = _rows_of(table, row)
+    _add(table, rows)
+    _activate()
+
+
+def record_custom_data(data: Any, table: str = "custom_data") -> None:
+    """``record`` into python.custom_data (or ``table``)."""
+    record(table, data)
+
+
+# ---------------------------------------------------------------------- rows
+def _std() -> dict[str, Any]:
+    s = _session()
+    return {
+        "run_id": s.run.id if s is not None else None,
+        "pid": os.getpid(),
+        "rank": state.rank,
+        "step": state.step,
+        "ts_ns": time.time_ns(),
+    }
+
+
+def _add(table: str, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    std = _std()
+    out = []
+    for r in rows:
+        d = dict(std)
+        d.update(r)  # the user's column wins over pprobe's of the same name
+        out.append(d)
+    with _lock:
+        pending.setdefault(table, []).extend(out)
+
+
+def _is_frame(x: Any) -> bool:
+    mod = type(x).__module__
+    return mod.startswith("pandas.") or mod.startswith("pyarrow")
+
+
+def _rows_of(table: str, data: Any) -> list[dict[str, Any]]:
+    if data is None:
+        return []
+    if isinstance(data, dict):
+        return [_checked_row(table, data)]
+    if isinstance(data, (list, tuple)):
+        return [_checked_row(table, r) for r in data]
+    if _is_frame(data):
+        return list(_as_arrow(table, data).to_pylist())
+    raise ExtensionError(
+        f"table {table!r}: a row is a dict (or a list of dicts, a DataFrame, an Arrow table); "
+        f"got {type(data).__name__}"
+    )
+
+
+def _checked_row(table: str, r: Any) -> dict[str, Any]:
+    if not isinstance(r, dict):
+        raise ExtensionError(f"table {table!r}: a row is a dict; got {type(r).__name__}")
+    return {str(k): v for k, v in r.items()}
+
+
+def _as_arrow(name: str, data: Any) -> Any:
+    import pyarrow as pa
+
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__module__.startswith("pandas."):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    rows = _rows_of(name, data)
+    return build_table(rows, [])
+
+
+# ---------------------------------------------------------------------- type inference
+def _norm(v: Any) -> Any:
+    """A plain Python value: NumPy scalars and arrays, torch tensors -> numbers and lists."""
+    if v is None or isinstance(v, (bool, int, float, str, bytes)):
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    tolist = getattr(v, "tolist", None)
+    if tolist is not None:
+        try:
+            return _norm(tolist())
+        except Exception:
+            pass
+    return str(v)
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int" if -(1 << 63) <= v < (1 << 63) else "big"
+    if isinstance(v, float):
+        return "float"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, bytes):
+        return "bytes"
+    return "list"
+
+
+def _array(pa: Any, np: Any, vals: list[Any]) -> Any:
+    """An Arrow array of plain values, its type inferred: bool, int64, float64 (ints and
+    floats mixed), string, binary, list<...> (recursively), null (all None); any other mix
+    becomes string. Built from buffers: ``pa.array`` imports pandas into the program."""
+    from ..writer import _bools, _ints, _nulls, _texts
+
+    n = len(vals)
+    valid_l = [v is not None for v in vals]
+    kinds = {_kind(v) for v in vals if v is not None}
+    valid = np.array(valid_l, dtype=bool) if n else np.zeros(0, dtype=bool)
+    if not kinds:
+        return _nulls(pa, n, pa.null()) if n else pa.nulls(0, pa.null())
+    if kinds == {"bool"}:
+        return _bools(pa, np, [bool(v) for v in vals], valid)
+    if kinds <= {"bool", "int"}:
+        data = np.array([int(v) if v is not None else 0 for v in vals], dtype=np.int64)
+        return _ints(pa, np, data, pa.int64(), valid)
+    if kinds <= {"bool", "int", "float", "big"} and "float" in kinds:
+        data = np.array([float(v) if v is not None else 0.0 for v in vals], dtype=np.float64)
+        ok = valid
+        return pa.Array.from_buffers(
+            pa.float64(),
+            n,
+            [
+                None if ok.all() else pa.py_buffer(np.packbits(ok, bitorder="little")),
+                pa.py_buffer(data),
+            ],
+        )
+    if kinds == {"bytes"}:
+        return _texts(pa, np, [v.decode("latin-1") if v is not None else None for v in vals]).cast(
+            pa.binary()
+        )
+    if kinds == {"list"}:
+        flat = [x for v in vals if v is not None for x in v]
+        child = _array(pa, np, flat)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum([len(v) if v is not None else 0 for v in vals], out=offsets[1:])
+        bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(
+            pa.list_(child.type), n, [bitmap, pa.py_buffer(offsets)], children=[child]
+        )
+    return _texts(pa, np, [None if v is None else _text(v) for v in vals])
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else str(v)
+
+
+def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
+    """Rows (dicts) -> an Arrow table; columns in order of first appearance after ``first``."""
+    import numpy as np
+    import pyarrow as pa
+
+    with state.internal():
+        names: dict[str, None] = dict.fromkeys(c for c in first if any(c in r for r in rows))
+        for r in rows:
+            for k in r:
+                names.setdefault(k, None)
+        cols = [_array(pa, np, [_norm(r.get(c)) for r in rows]) for c in names]
+        std = {"run_id": pa.string(), "pid": pa.int64(), "rank": pa.int64(),
+               "step": pa.int64(), "ts_ns": pa.int64()}  # fmt: skip
+        cols = [
+            pa.nulls(len(rows), std[c]) if c in std and pa.types.is_null(a.type) else a
+            for c, a in zip(names, cols)
+        ]
+        return pa.Table.from_arrays(cols, names=list(names))
+
+
+def unify_types(a: Any, b: Any) -> Any:
+    """The type two shards' columns of one name are read as: the same type; the other type
+    when one is null; int64 and float64 -> float64; bool and int64 -> int64; lists of
+    unifiable items -> list of their unified type; anything else -> string."""
+    import pyarrow as pa
+
+    if a == b:
+        return a
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_null(b):
+        return a
+    nums = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    if any(t(a) for t in nums) and any(t(b) for t in nums):
+        if pa.types.is_floating(a) or pa.types.is_floating(b):
+            return pa.float64()
+        return pa.int64()
+    if pa.types.is_list(a) and pa.types.is_list(b):
+        return pa.list_(unify_types(a.value_type, b.value_type))
+    return pa.string()
+
+
+def unify_schemas(schemas: list[Any]) -> Any:
+    import pyarrow as pa
+
+    fields: dict[str, Any] = {}
+    for s in schemas:
+        for f in s:
+            fields[f.name] = unify_types(fields[f.name], f.type) if f.name in fields else f.type
+    return pa.schema([pa.field(k, v) for k, v in fields.items()])
+
+
+def conform(tbl: Any, sch: Any) -> Any:
+    """``tbl`` (Table or RecordBatch) with the columns of ``sch``: missing ones null, others
+    cast (to string through Python where Arrow has no cast)."""
+    import pyarrow as pa
+
+    n = tbl.num_rows
+    cols = []
+    for f in sch:
+        i = tbl.schema.get_field_index(f.name)
+        if i < 0:
+            cols.append(pa.nulls(n, f.type))
+            continue
+        c = tbl.column(i)
+        if c.type == f.type:
+            cols.append(c)
+            continue
+        try:
+            cols.append(c.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            vals = c.to_pylist()
+            cols.append(pa.array([None if v is None else str(v) for v in vals], pa.string()))
+    if isinstance(tbl, pa.RecordBatch):
+        return pa.RecordBatch.from_arrays(
+            [c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in cols],
+            schema=sch,
+        )
+    return pa.Table.from_arrays(cols, schema=sch)
+
+
+# ---------------------------------------------------------------------- sampling
+def call_guarded(what: str, fn: Callable[..., Any], src: Any, *args: Any, **kw: Any) -> Any:
+    """Call a user function; a raise is reported (once on stderr, a python.errors row) and
+    counted on ``src`` (``failures`` / ``off``: after :data:`MAX_FAILURES` it is switched off).
+    Returns ``_FAILED`` when it raised."""
+    try:
+        with state.internal():
+            return fn(*args, **kw)
+    except Exception as e:
+        note_failure(what, src, e)
+        return _FAILED
+
+
+_FAILED = object()
+
+
+def note_failure(what: str, src: Any, e: BaseException) -> None:
+    src.failures += 1
+    first = src.failures == 1
+    off = src.failures >= MAX_FAILURES
+    if off:
+        src.off = True
+    if first or off:
+        event = "switched off" if off else "raised"
+        msg = f"{type(e).__name__}: {e}"[:500]
+        _report._emit(
+            f"pprobe: {what} raised {msg}"
+            + (
+                f"; switched off after {src.failures} failures."
+                if off
+                else f"; reported once, switched off after {MAX_FAILURES} failures."
+            )
+        )
+        _add(
+            "errors",
+            [{"source": what, "event": event, "error": type(e).__name__, "message": msg,
+              "failures": src.failures}],
+        )  # fmt: skip
+        _activate()
+
+
+def sample(reason: str = "demand") -> None:
+    """Call every ``@table`` and ``@metric`` function now; their rows wait for the flush."""
+    with _lock:
+        todo = [s for s in sources.values() if not s.off]
+    for s in todo:
+        what = f"{s.kind} {s.name!r}"
+        got = call_guarded(what, s.fn, s)
+        if got is _FAILED:
+            continue
+        if s.kind == "metric":
+            try:
+                value = None if got is None else float(got)
+            except (TypeError, ValueError) as e:
+                note_failure(what, s, e)
+                continue
+            _add("metrics", [{"name": s.name, "value": value}])
+        else:
+            try:
+                rows = _rows_of(s.name, got)
+            except Exception as e:
+                note_failure(what, s, e)
+                continue
+            _add(s.name, rows)
+
+
+def on_step(old: int, new: int) -> None:
+    """The recorder's step listener: every ``sample_steps`` boundaries, sample (rows carry
+    the step that ends, ``old``)."""
+    global _steps_seen
+    every = _setting("sample_steps", 1)
+    if every <= 0 or not sources:
+        return
+    _steps_seen += 1
+    if _steps_seen % every:
+        return
+    saved = state.step
+    state.step = old
+    try:
+        sample("step")
+    finally:
+        state.step = saved
+
+
+# ---------------------------------------------------------------------- lifecycle
+def _session() -> Any:
+    mod = sys.modules.get("pprobe.session")
+    return mod.Session.active if mod is not None else None
+
+
+def _setting(name: str, default: Any) -> Any:
+    s = _session()
+    return getattr(s.config, name, default) if s is not None else default
+
+
+def _activate() -> None:
+    """First use: the step listener, the exit hook and the flusher thread."""
+    global _active, _flusher
+    if not _active:
+        _active = True
+        from .. import recorder
+
+        if on_step not in recorder.step_listeners:
+            recorder.step_listeners.append(on_step)
+    s = _session()
+    if s is not None and _flusher is None:
+        _flusher = _Flusher(s)
+        _flusher.start()
+
+
+def _after_fork() -> None:
+    """A forked child: its parent's unwritten rows and open shards are not its own."""
+    global _flusher, _write_lock, _lock
+    _flusher = None  # the next record or stop starts or needs none
+    _lock = threading.RLock()  # another thread may have held them at the fork
+    _write_lock = threading.Lock()
+    pending.clear()
+    memory.clear()
+    _sinks.clear()
+    _shard_k.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def stop(exiting: bool = True) -> None:
+    """At the session's stop (exit included): sample once more, write everything, close."""
+    global _flusher
+    if not _active:
+        return
+    if exiting:
+        sample("exit")
+    f = _flusher
+    _flusher = None
+    if f is not None:
+        f.stop()
+    flush()
+    with _lock:
+        for sink in _sinks.values():
+            try:
+                sink[0].close()
+                sink[1].close()
+            except Exception:
+                pass
+        _sinks.clear()
+
+
+class _Flusher:
+    """The daemon thread that writes pending rows and samples on the time interval."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.stopping = False
+        self.event = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="pprobe-ext", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.event.set()
+        if self.thread is not threading.current_thread() and self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        state.local.depth = state.INTERNAL
+        cfg = self.session.config
+        period = float(getattr(cfg, "flush_seconds", 1.0))
+        every = float(getattr(cfg, "sample_seconds", 0.0))
+        wait = min(period, every) if every > 0 else period
+        last = time.monotonic()
+        while not self.stopping:
+            self.event.wait(wait)
+            if self.stopping:
+                break
+            try:
+                if every > 0 and time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    sample("interval")
+                flush()
+            except Exception as e:
+                _report.internal_error("writing python tables", e)
+
+
+# ---------------------------------------------------------------------- shards
+_sinks: dict[str, tuple[Any, Any, Any]] = {}  # table -> (stream writer, file, schema)
+_shard_k: dict[str, int] = {}
+_write_lock = threading.Lock()
+
+
+def _folder(session: Any) -> Any:
+    return session.run.folder.subdir("log").subdir("python")
+
+
+def _host(session: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9._]", "_", session.run.host)
+
+
+def flush() -> None:
+    """Write every pending row (this process's shards); without a run, keep them in memory."""
+    with _lock:
+        todo = {k: v for k, v in pending.items() if v}
+        pending.clear()
+    if not todo:
+        return
+    s = _session()
+    if s is None:
+        with _lock:
+            for t, rows in todo.items():
+                kept = memory.setdefault(t, [])
+                kept.extend(rows)
+                del kept[: max(0, len(kept) - MEMORY_ROWS)]
+        return
+    with state.internal(), _write_lock:
+        for t, rows in todo.items():
+            try:
+                _append(s, t, build_table(rows, list(STD_COLUMNS)))
+            except Exception as e:
+                _report.internal_error(f"writing python.{t}", e)
+
+
+def _append(session: Any, name: str, tbl: Any) -> None:
+    import pyarrow as pa
+
+    sink = _sinks.get(name)
+    if sink is not None:
+        sch = sink[2]
+        merged = unify_schemas([sch, tbl.schema])
+        if merged != sch:  # a new column or type: a new shard with the merged schema
+            sink[0].close()
+            sink[1].close()
+            del _sinks[name]
+            sink = None
+            sch = merged
+    else:
+        sch = tbl.schema
+    if sink is None:
+        k = _shard_k.get(name, -1) + 1
+        folder = _folder(session)
+        while True:
+            fname = f"{name}-{_host(session)}-{os.getpid()}-{k}.arrows"
+            try:
+                f = folder.create_for(fname, lambda p: pa.OSFile(p, "ab"))
+                break
+            except FileExistsError:  # left by an earlier process of the same pid
+                k += 1
+        folder.close()
+        _shard_k[name] = k
+        w = pa.ipc.new_stream(f, sch)
+        sink = _sinks[name] = (w, f, sch)
+    for b in conform(tbl, sch).to_batches():
+        sink[0].write_batch(b)
+    sink[1].flush()
+
+
+def _write_static(name: str) -> None:
+    """A ``register_table`` snapshot, replacing this process's earlier one atomically."""
+    s = _session()
+    with _lock:
+        got = static.get(name)
+    if s is None or got is None:
+        return
+    import pyarrow as pa
+
+    with state.internal():
+        try:
+            tbl = got[0]
+            std = _std()
+            for c in STD_COLUMNS:
+                if c not in tbl.column_names:
+                    tbl = tbl.append_column(
+                        c, build_table([{c: std[c]}] * tbl.num_rows, [c]).column(0)
+                    )
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, tbl.schema) as w:
+                w.write_table(tbl)
+            folder = _folder(s)
+            folder.replace_atomic(
+                f"{name}-{_host(s)}-{os.getpid()}.static.arrows", sink.getvalue().to_pybytes()
+            )
+            folder.close()
+        except Exception as e:
+            _report.internal_error(f"writing python.{name}", e)
+
+
+def snapshot_memory() -> dict[str, Any]:
+    """Rows not written to a run (no session, or still pending) as Arrow tables, by table."""
+    with _lock:
+        rows = {t: list(memory.get(t, [])) + list(pending.get(t, [])) for t in
+                set(memory) | set(pending)}  # fmt: skip
+        stat = {k: v[0] for k, v in static.items()}
+    out = {t: build_table(r, list(STD_COLUMNS)) for t, r in rows.items() if r}
+    for k, v in stat.items():
+        out.setdefault(k, v)
+    return out

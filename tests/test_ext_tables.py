@@ -1,0 +1,314 @@
+"""The extension API's tables and metrics (schema ``python``), end to end and in process.
+
+End-to-end tests run scripts through the bootstrap and read the run with pprobe's SQL; the
+expected rows are computed here from the same formulas the scripts use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from helpers import run_script, sql
+
+from pprobe.ext import tables
+
+
+def rows(run_dir: Path, q: str) -> list[dict]:
+    return sql(run_dir, q)
+
+
+# ------------------------------------------------------------------ end to end
+TRAIN = """
+    import numpy as np
+    import pprobe
+    from pprobe import metric, register_table, table
+
+    state = {"loss": 8.0, "calls": 0}
+
+    @table("training_state")
+    def training_state():
+        state["calls"] += 1
+        return {"loss": state["loss"], "lr": 0.5 ** state["calls"], "tag": f"c{state['calls']}"}
+
+    @metric("gpu_utilization")
+    def gpu():
+        return 10 * state["calls"]
+
+    register_table("arrow_data", {"id": 0, "value": -1.0})  # replaced below
+    register_table("arrow_data", [{"id": 1, "value": 10.0}, {"id": 2, "value": 20.0}])
+    register_table("arrow_tbl", __import__("pyarrow").table({"k": ["a", "b"], "v": [1, 2]}))
+    for i in range(STEPS):
+        np.add(np.ones(3), i)
+        state["loss"] /= 2
+        pprobe.step()
+    print(state["calls"])
+"""
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_table_and_metric_sampled_every_n_steps_and_at_exit(tmp_path: Path, every: int) -> None:
+    steps = 5
+    r = run_script(
+        tmp_path,
+        TRAIN.replace("STEPS", str(steps)),
+        env={"PPROBE_MODE": "log", "PPROBE_SAMPLE_STEPS": str(every)},
+    ).check()
+    run = r.run_dir
+    # Boundaries 1..steps (step old -> old+1); sampled at each `every`-th, then at exit.
+    sampled_steps = [b - 1 for b in range(1, steps + 1) if b % every == 0] + [steps]
+    calls = int(r.out.strip()) + 1  # printed before the exit's sample
+    assert calls == len(sampled_steps)
+    got = rows(run, "SELECT * FROM python.training_state ORDER BY ts_ns")
+    assert [g["step"] for g in got] == sampled_steps
+    assert [g["lr"] for g in got] == [0.5**c for c in range(1, calls + 1)]
+    assert [g["tag"] for g in got] == [f"c{c}" for c in range(1, calls + 1)]
+    losses = [8.0 / 2 ** min(s + 1, steps) for s in sampled_steps]
+    assert [g["loss"] for g in got] == losses
+    pid = json.loads((run / "meta.json").read_text())["pid"]
+    run_id = run.name
+    assert {(g["pid"], g["run_id"], g["rank"]) for g in got} == {(pid, run_id, None)}
+    m = rows(run, "SELECT * FROM python.metrics WHERE name = 'gpu_utilization' ORDER BY ts_ns")
+    assert [x["value"] for x in m] == [10.0 * c for c in range(1, calls + 1)]
+    assert [x["step"] for x in m] == sampled_steps
+    a = rows(run, "SELECT id, value FROM python.arrow_data ORDER BY id")
+    assert a == [{"id": 1, "value": 10.0}, {"id": 2, "value": 20.0}]
+    t = rows(run, "SELECT k, v, pid FROM python.arrow_tbl ORDER BY k")
+    assert t == [{"k": "a", "v": 1, "pid": pid}, {"k": "b", "v": 2, "pid": pid}]
+    # the ops are still there, next to them
+    assert rows(run, "SELECT count(*) AS n FROM ops WHERE op = 'numpy.add'")[0]["n"] == steps
+
+
+def test_query_cli_reads_python_tables(tmp_path: Path) -> None:
+    r = run_script(tmp_path, TRAIN.replace("STEPS", "2"), env={"PPROBE_MODE": "log"}).check()
+    p = subprocess.run(
+        [sys.executable, "-m", "pprobe", "query", "--run", str(r.run_dir), "--format", "json",
+         "SELECT step, lr FROM python.training_state ORDER BY step"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(p.stdout) == [{"step": 0, "lr": 0.5}, {"step": 1, "lr": 0.25},
+                                    {"step": 2, "lr": 0.125}]  # fmt: skip
+
+
+def test_record_types_inferred_and_unified_across_flushes(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        import pprobe
+        from pprobe.ext import tables
+        pprobe.record("ev", {"a": 1, "b": "x", "flag": True, "v": [1, 2], "f": np.float32(0.5)})
+        tables.flush()
+        pprobe.record("ev", {"a": 2.5, "b": "y", "new": None})   # a becomes double
+        tables.flush()
+        pprobe.record("ev", [{"a": 3, "b": 7, "new": "n"}])      # b: int after string
+        pprobe.record_custom_data({"module": "Linear", "out_shape": [4, 2]})
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    got = rows(r.run_dir, "SELECT a, b, flag, v, f, new FROM python.ev ORDER BY ts_ns")
+    assert got == [
+        {"a": 1.0, "b": "x", "flag": True, "v": [1, 2], "f": 0.5, "new": None},
+        {"a": 2.5, "b": "y", "flag": None, "v": None, "f": None, "new": None},
+        {"a": 3.0, "b": "7", "flag": None, "v": None, "f": None, "new": "n"},
+    ]
+    shards = sorted(p.name for p in (r.run_dir / "log" / "python").iterdir())
+    assert len([s for s in shards if s.startswith("ev-")]) == 3  # a new shard per new schema
+    c = rows(r.run_dir, "SELECT module, out_shape FROM python.custom_data")
+    assert c == [{"module": "Linear", "out_shape": [4, 2]}]
+
+
+def test_rows_flushed_before_a_kill_are_kept(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import os, signal, time
+        import pprobe
+        from pprobe.ext import tables
+        for i in range(5):
+            pprobe.record("progress", {"i": i, "sq": i * i})
+        while tables.pending or not tables._sinks:  # written by the pprobe-ext thread
+            time.sleep(0.01)
+        with tables._write_lock:  # its first write done
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        env={"PPROBE_MODE": "log", "PPROBE_FLUSH_SECONDS": "0.05"},
+    )
+    assert r.rc == -9
+    got = rows(r.run_dir, "SELECT i, sq FROM python.progress ORDER BY i")
+    assert got == [{"i": i, "sq": i * i} for i in range(5)]
+
+
+def test_sampled_on_a_time_interval(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import time
+        from pprobe import table
+        seen = []
+        @table("beat")
+        def beat():
+            seen.append(len(seen))
+            return {"n": len(seen)}
+        while len(seen) < 3:    # sampled by pprobe's thread: no step, no exit yet
+            time.sleep(0.01)
+        print(len(seen))
+        """,
+        env={"PPROBE_MODE": "log", "PPROBE_SAMPLE_SECONDS": "0.05"},
+        timeout=60,
+    ).check()
+    n = rows(r.run_dir, "SELECT n FROM python.beat ORDER BY n")
+    assert [x["n"] for x in n][:3] == [1, 2, 3]  # then one more at exit, maybe one in between
+    assert n[-1]["n"] >= 4
+
+
+def test_a_raising_table_is_reported_once_then_switched_off(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import pprobe
+        from pprobe import table, metric
+        calls = []
+        @table("bad")
+        def bad():
+            calls.append(1)
+            raise ValueError("boom")
+        @metric("bad_metric")
+        def bad_metric():
+            return "not a number"
+        for i in range(8):
+            pprobe.step()
+        print(len(calls), sum([1 for _ in range(3)]))
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    calls = int(r.out.split()[0])
+    assert calls == tables.MAX_FAILURES  # switched off: no more calls, the exit's included
+    lines = [x for x in r.err.splitlines() if "table 'bad'" in x]
+    assert len(lines) == 2, r.err  # first failure, then switched off
+    assert "ValueError: boom" in lines[0] and "switched off" in lines[1]
+    errs = rows(r.run_dir, "SELECT source, event, error, failures FROM python.errors "
+                           "ORDER BY source, failures")  # fmt: skip
+    assert errs == [
+        {"source": "metric 'bad_metric'", "event": "raised", "error": "ValueError", "failures": 1},
+        {"source": "metric 'bad_metric'", "event": "switched off", "error": "ValueError",
+         "failures": tables.MAX_FAILURES},
+        {"source": "table 'bad'", "event": "raised", "error": "ValueError", "failures": 1},
+        {"source": "table 'bad'", "event": "switched off", "error": "ValueError",
+         "failures": tables.MAX_FAILURES},
+    ]  # fmt: skip
+
+
+def test_processes_write_their_own_shards(tmp_path: Path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text("import pprobe, os\npprobe.record('who', {'role': 'child'})\n")
+    r = run_script(
+        tmp_path,
+        f"""
+        import os, subprocess, sys
+        import pprobe
+        pprobe.record("who", {{"role": "parent"}})
+        p = subprocess.run([sys.executable, {str(child)!r}])
+        pid = os.fork()
+        if pid == 0:
+            pprobe.record("who", {{"role": "forked"}})
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print(os.getpid())
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    got = rows(r.run_dir, "SELECT role, pid FROM python.who ORDER BY role")
+    assert [g["role"] for g in got] == ["child", "forked", "parent"]
+    assert len({g["pid"] for g in got}) == 3
+    assert [g["pid"] for g in got if g["role"] == "parent"] == [int(r.out)]
+
+
+def test_without_extensions_nothing_is_loaded(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import sys
+        import numpy as np
+        import pprobe
+        from pprobe import recorder
+        for i in range(3):
+            np.add(np.ones(2), 1)
+            pprobe.step()
+        print(sorted(m for m in sys.modules if m.startswith("pprobe.ext")), recorder.step_listeners)
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.strip() == "[] []"
+    assert not (r.run_dir / "log" / "python").exists()
+    assert rows(r.run_dir, "SELECT count(*) AS n FROM python.metrics") == [{"n": 0}]
+
+
+# ------------------------------------------------------------------ in process
+def test_type_inference() -> None:
+    import numpy as np
+
+    t = tables.build_table(
+        [
+            {"i": 1, "f": 1, "s": "a", "b": True, "l": [1, 2], "n": None, "np": np.int32(3)},
+            {"i": 2, "f": 2.5, "s": None, "b": False, "l": [[1]], "x": {"k": 1}, "np": np.ones(2)},
+        ],
+        [],
+    )
+    types = {f.name: str(f.type) for f in t.schema}
+    assert types == {"i": "int64", "f": "double", "s": "string", "b": "bool",
+                     "l": "list<item: string>", "n": "null", "np": "string",
+                     "x": "string"}  # fmt: skip
+    assert t.column("f").to_pylist() == [1.0, 2.5]
+    assert t.column("x").to_pylist() == [None, "{'k': 1}"]
+
+
+@pytest.mark.parametrize(
+    "a,b,want",
+    [
+        (pa.int64(), pa.float64(), pa.float64()),
+        (pa.bool_(), pa.int64(), pa.int64()),
+        (pa.null(), pa.string(), pa.string()),
+        (pa.string(), pa.int64(), pa.string()),
+        (pa.list_(pa.int64()), pa.list_(pa.float64()), pa.list_(pa.float64())),
+        (pa.list_(pa.int64()), pa.int64(), pa.string()),
+    ],
+)
+def test_unify_types(a: pa.DataType, b: pa.DataType, want: pa.DataType) -> None:
+    assert tables.unify_types(a, b) == want
+    assert tables.unify_types(b, a) == want
+
+
+def test_conform_keeps_rows_of_an_older_schema() -> None:
+    old = pa.table({"a": [1, 2], "v": [[1], [2, 3]]})
+    sch = pa.schema([("a", pa.float64()), ("v", pa.string()), ("z", pa.int64())])
+    got = tables.conform(old, sch)
+    assert got.to_pylist() == [
+        {"a": 1.0, "v": "[1]", "z": None},
+        {"a": 2.0, "v": "[2, 3]", "z": None},
+    ]
+
+
+@pytest.mark.parametrize("name", ["1x", "a-b", "", "a.b", None])
+def test_bad_table_names(name: object) -> None:
+    with pytest.raises(tables.ExtensionError, match="not valid"):
+        tables.register_table(name, [])  # type: ignore[arg-type]
+
+
+def test_reserved_and_bad_rows() -> None:
+    with pytest.raises(tables.ExtensionError, match="pprobe's own"):
+        tables.register_table("metrics", [])
+    with pytest.raises(tables.ExtensionError, match="a row is a dict"):
+        tables.record("t_bad", 5)
+    with pytest.raises(tables.ExtensionError, match="a row is a dict"):
+        tables.record("t_bad", [1])
+
+
+if os.name != "posix":  # pragma: no cover
+    pytest.skip("fork", allow_module_level=True)
