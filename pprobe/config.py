@@ -664,6 +664,8 @@ def file_values(
     out: dict[str, tuple[Any, str]] = {}
     for path, is_pyproject in _candidates(cwd, os.environ if env is None else env):
         for key, value in _table(path, is_pyproject).items():
+            if key not in BY_FIELD and isinstance(value, dict):
+                continue  # [my_plugin]: settings extensions register (pprobe.ext.settings)
             if key not in BY_FIELD:
                 raise ConfigError(
                     f"{path}: unknown setting {key!r}; allowed: {', '.join(sorted(BY_FIELD))}"
@@ -710,7 +712,12 @@ def load(
     for s in SETTINGS:
         if s.env in env:
             raw[s.field] = (env[s.env], "env " + s.env)
-    unknown = [k for k in env if k.startswith("PPROBE_") and k not in BY_ENV and k not in OTHER_ENV]
+    # PPROBE_A__B: a setting an extension registers (pprobe.ext.settings), checked there.
+    unknown = [
+        k
+        for k in env
+        if k.startswith("PPROBE_") and k not in BY_ENV and k not in OTHER_ENV and "__" not in k
+    ]
     if unknown:
         close = ", ".join(sorted(BY_ENV))
         raise ConfigError(
@@ -743,3 +750,28 @@ def load(
                         "numpy.linalg.*,*matmul.",
                     )
     return Config(**values, sources=sources)
+
+
+# ---------------------------------------------------------------- settings of extensions
+def register(name: str, default: Any = None, type: Any = None, help: str = "") -> Any:
+    """Declare an extension's setting ``ns.name`` (docs/extending.md); returns its value.
+
+    Read from ``[tool.pprobe.ns]`` / ``[ns]`` of the config files and ``PPROBE_NS__NAME``,
+    with the precedence of pprobe's own settings."""
+    from .ext import settings
+
+    return settings.register(name, default, type, help)
+
+
+def get(name: str) -> Any:
+    """The value of a registered setting, or of pprobe's own (``mode``, ...)."""
+    from .ext import settings
+
+    return settings.get(name)
+
+
+def set(name: str, value: Any) -> Any:  # noqa: A001 - config.set is the API's name
+    """Set a registered setting (highest precedence); returns the parsed value."""
+    from .ext import settings
+
+    return settings.set(name, value)

@@ -888,7 +888,9 @@ def connect(
     return con
 
 
-def _open(run_dir: str, tables: Iterable[str] | None, how: str) -> duckdb.DuckDBPyConnection:
+def _open(
+    run_dir: str, tables: Iterable[str] | None, how: str, sql: str | None = None
+) -> duckdb.DuckDBPyConnection:
     """``how``: "cache", "rebuild" (the cache converted again) or "memory"."""
     con = duckdb.connect(config=_CONFIG)
     try:
@@ -902,7 +904,7 @@ def _open(run_dir: str, tables: Iterable[str] | None, how: str) -> duckdb.DuckDB
         _register_compare(con, run_dir)
         from .ext import sqlviews  # schema python: the user tables (pprobe.ext)
 
-        sqlviews.register(con, run_dir)
+        sqlviews.register(con, run_dir, sql=sql)
     except BaseException:
         con.close()
         raise
@@ -934,12 +936,15 @@ def run_sql(sql: str, run: str | None = None) -> tuple[list[str], list[tuple]]:
     conversion, or a damaged file (deleted here): the query runs again, over new files; at the
     third try, over a cache converted again whole.
     """
+    from .ext.sqlviews import rewrite
+
     run_dir = resolve_run_dir(run)
+    sql = rewrite(sql)  # information_schema.df_settings (pprobe.ext.sqlviews)
     tables = named_tables(sql)
     dirs = cache_dirs(run_dir)
     for how in ("cache", "cache", "rebuild"):
         try:
-            con = _open(run_dir, tables, how)
+            con = _open(run_dir, tables, how, sql)
         except duckdb.Error as e:  # defining a view reads a file's footer
             if how != "rebuild" and _drop_named(e, dirs):
                 continue

@@ -60,6 +60,8 @@ def python_tables(run_dir: str | None, memory: dict[str, Any] | None = None) -> 
 
     parts: dict[str, list[Any]] = {}
     for name, files in (shard_files(run_dir) if run_dir else {}).items():
+        if name.startswith("_"):
+            continue  # pprobe's own snapshots (_settings)
         for path in files:
             batches, _early = read_shard(path)
             if batches:
@@ -75,10 +77,73 @@ def python_tables(run_dir: str | None, memory: dict[str, Any] | None = None) -> 
     return out
 
 
-def register(con: Any, run_dir: str | None, memory: dict[str, Any] | None = None) -> list[str]:
-    """Create schema ``python`` with a view per table; returns the tables' names."""
+_DF_SETTINGS = re.compile(r"\binformation_schema\s*\.\s*df_settings\b", re.IGNORECASE)
+
+
+def rewrite(sql: str) -> str:
+    """``information_schema.df_settings`` -> ``pprobe_info.df_settings``: DuckDB's
+    information_schema is a system schema where no view can be created."""
+    return _DF_SETTINGS.sub("pprobe_info.df_settings", sql)
+
+
+SETTINGS_COLUMNS = ("name", "value", "default", "type", "source", "description", "env")
+
+
+def settings_rows(run_dir: str | None, live: bool) -> list[dict[str, Any]]:
+    """pprobe's own settings then the registered ones: of this process (``live``), else of
+    the run (meta.json's ``config``; the ``_settings`` snapshots of its processes)."""
+    from . import settings
+
+    if live:
+        return settings.rows()
+    import json
+
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(os.path.join(run_dir or "", "meta.json"), "rb") as f:
+            meta = json.loads(f.read())
+        rows = settings.own_rows(meta.get("config") or {}, meta.get("config_sources") or {})
+    except (OSError, ValueError):
+        pass
+    from ..query import read_shard
+
+    reg: dict[str, dict[str, Any]] = {}
+    for path in shard_files(run_dir).get("_settings", []) if run_dir else []:
+        batches, _early = read_shard(path)
+        for b in batches:
+            for r in b.to_pylist():
+                reg[r["name"]] = {c: r.get(c) for c in SETTINGS_COLUMNS}
+    return rows + [reg[k] for k in sorted(reg)]
+
+
+def register_settings(con: Any, run_dir: str | None, live: bool = False) -> None:
+    """The views ``settings`` and ``pprobe_info.df_settings`` (see :func:`rewrite`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ..writer import _texts
+
+    rows = settings_rows(run_dir, live)
+    tbl = pa.table({c: _texts(pa, np, [r.get(c) for r in rows]) for c in SETTINGS_COLUMNS})
+    con.register("_pprobe_settings", tbl)
+    con.execute("CREATE SCHEMA IF NOT EXISTS pprobe_info")
+    con.execute("CREATE OR REPLACE VIEW settings AS SELECT * FROM _pprobe_settings")
+    con.execute("CREATE OR REPLACE VIEW pprobe_info.df_settings AS SELECT * FROM _pprobe_settings")
+
+
+def register(
+    con: Any,
+    run_dir: str | None,
+    memory: dict[str, Any] | None = None,
+    sql: str | None = None,
+    live: bool = False,
+) -> list[str]:
+    """Create schema ``python`` with a view per table; returns the tables' names. The
+    settings views are made when ``sql`` names them (or ``sql`` is None)."""
+    if sql is None or re.search(r"\bsettings\b|\bdf_settings\b", sql, re.IGNORECASE):
+        register_settings(con, run_dir, live)
     con.execute("CREATE SCHEMA IF NOT EXISTS python")
-    if not memory and not (run_dir and shard_files(run_dir)):
+    if not memory and not (run_dir and any(not t.startswith("_") for t in shard_files(run_dir))):
         # No user table: pprobe's own, empty, without importing pyarrow.
         sql_types = {"string": "VARCHAR", "float64": "DOUBLE", "int64": "BIGINT"}
         std = "NULL::VARCHAR AS run_id, NULL::BIGINT AS pid, NULL::BIGINT AS rank, " \

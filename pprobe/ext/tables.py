@@ -37,7 +37,7 @@ MAX_FAILURES = 5
 MEMORY_ROWS = 100_000
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Table names pprobe itself fills.
-RESERVED = ("metrics", "errors")
+RESERVED = ("metrics", "errors", "settings")
 
 
 class ExtensionError(ValueError):
@@ -516,6 +516,9 @@ def stop(exiting: bool = True) -> None:
         return
     if exiting:
         sample("exit")
+    st = sys.modules.get("pprobe.ext.settings")
+    if st is not None:
+        st._persist()  # settings registered before the run started
     f = _flusher
     _flusher = None
     if f is not None:
@@ -640,20 +643,38 @@ def _append(session: Any, name: str, tbl: Any) -> None:
     sink[1].flush()
 
 
+def write_settings(rows: list[dict[str, Any]]) -> None:
+    """The registered settings of this process, as ``log/python/_settings-*.static.arrows``."""
+    if _session() is None:
+        return
+    with state.internal():
+        try:
+            tbl = build_table(rows, []) if rows else None
+        except Exception as e:
+            _report.internal_error("writing the settings", e)
+            return
+    if tbl is not None:
+        _write_snapshot("_settings", tbl)
+
+
 def _write_static(name: str) -> None:
     """A ``register_table`` snapshot, replacing this process's earlier one atomically."""
-    s = _session()
     with _lock:
         got = static.get(name)
-    if s is None or got is None:
+    if got is not None:
+        _write_snapshot(name, got[0], std_columns=True)
+
+
+def _write_snapshot(name: str, tbl: Any, std_columns: bool = False) -> None:
+    s = _session()
+    if s is None:
         return
     import pyarrow as pa
 
     with state.internal():
         try:
-            tbl = got[0]
             std = _std()
-            for c in STD_COLUMNS:
+            for c in STD_COLUMNS if std_columns else ():
                 if c not in tbl.column_names:
                     tbl = tbl.append_column(
                         c, build_table([{c: std[c]}] * tbl.num_rows, [c]).column(0)
