@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     from . import report
 
     report.add_parser(sub)
+    from .ext import cli as ext_cli
+
+    ext_cli.add_parser(sub)
     return p
 
 
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bootstrap-path":
         print(bootstrap_dir())
         return 0
+    if args.command == "plugins":
+        from .ext import cli as ext_cli
+
+        return ext_cli.main(args)
     from . import siteinstall
 
     if args.command == "install":

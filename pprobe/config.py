@@ -483,6 +483,14 @@ SETTINGS: tuple[Setting, ...] = (
         "thread (0: off).",
     ),
     Setting(
+        "plugins",
+        "PPROBE_PLUGINS",
+        (),
+        _list,
+        "Comma-separated plugins loaded at start-up: entry points of the group "
+        "`pprobe.plugins` or module paths (`pkg.mod`, `pkg.mod:Class`); `*`: every entry point.",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -534,6 +542,7 @@ class Config:
     nan_allow: tuple[str, ...] = ()
     sample_steps: int = 1
     sample_seconds: float = 0.0
+    plugins: tuple[str, ...] = ()
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -554,6 +563,7 @@ class Config:
             "torch_levels",
             "torch_params",
             "nan_allow",
+            "plugins",
         ):
             if k in d:
                 d[k] = tuple(d[k])

@@ -80,6 +80,10 @@ class Session:
         for fw in s.config.frameworks:
             s._watch(fw)
         s.write_meta()
+        if s.config.plugins:  # PPROBE_PLUGINS (pprobe.ext.plugins): one line per failure
+            from .ext import plugins
+
+            plugins.load_configured(s.config.plugins)
         return s
 
     def _watch(self, framework: str) -> None:

@@ -1,0 +1,98 @@
+"""``pprobe plugins``: the plugins available here and those a run loaded."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "plugins",
+        help="list plugins: entry points of pprobe.plugins, PPROBE_PLUGINS, and a run's loaded",
+    )
+    p.add_argument("--run", help="run folder or output folder (default: np_op_dumps/latest)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+
+def rows(run: str | None) -> tuple[list[dict[str, Any]], str | None]:
+    """One row per plugin: name, where it comes from, loaded (pids of the run), and the
+    run folder read (None when there is none)."""
+    from .. import config
+    from ..run import resolve_run_dir
+    from . import plugins
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, ep in plugins.entry_points().items():
+        dist = getattr(getattr(ep, "dist", None), "name", None)
+        out[name] = {"name": name, "source": f"entry point {ep.value}" + (f" ({dist})" if dist
+                     else ""), "configured": False, "loaded_pids": []}  # fmt: skip
+    try:
+        configured = config.load().plugins
+    except config.ConfigError:
+        configured = ()
+    for name in configured:
+        row = out.setdefault(name, {"name": name, "source": "module", "configured": False,
+                                    "loaded_pids": []})  # fmt: skip
+        row["configured"] = True
+    run_dir = None
+    try:
+        run_dir = resolve_run_dir(run)
+    except FileNotFoundError:
+        if run is not None:
+            raise
+    if run_dir is not None:
+        for path in sorted(glob.glob(os.path.join(glob.escape(run_dir), "procs", "*.json"))):
+            try:
+                with open(path, "rb") as f:
+                    proc = json.loads(f.read())
+            except (OSError, ValueError):
+                continue
+            for p in proc.get("plugins") or []:
+                key = p.get("spec") if p.get("spec") in out else p["name"]
+                row = out.setdefault(key, {"name": key, "source": p.get("class"),
+                                           "configured": False, "loaded_pids": []})  # fmt: skip
+                if key != p["name"]:
+                    row["name"] = f"{p['name']} ({key})"
+                row["loaded_pids"].append(proc.get("pid"))
+    return sorted(out.values(), key=lambda r: r["name"]), run_dir
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        got, run_dir = rows(args.run)
+    except FileNotFoundError as e:
+        print(f"pprobe plugins: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        json.dump({"run": run_dir, "plugins": got}, sys.stdout, indent=1)
+        print()
+        return 0
+    from ..cli import format_table
+
+    cols = ["name", "source", "configured", "loaded in run (pids)"]
+    table = [
+        (r["name"], r["source"], "yes" if r["configured"] else "no",
+         ",".join(map(str, r["loaded_pids"])) or "-")
+        for r in got
+    ]  # fmt: skip
+    text = format_table(cols, table, 0)
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+            from rich.table import Table
+
+            t = Table(*cols, title=f"pprobe plugins (run: {run_dir or 'none'})")
+            for r in table:
+                t.add_row(*map(str, r))
+            Console().print(t)
+            return 0
+        except ImportError:
+            pass
+    print(f"run: {run_dir or 'none'}")
+    print(text)
+    return 0
