@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument(
         "--max-rows", type=int, default=200, help="rows printed in table format (0: all)"
     )
+    from .ext import cli as ext_cli
+
+    ext_cli.add_live_arguments(q)
 
     from . import see_cli
 
@@ -172,12 +175,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace) -> int:
     import warnings
 
+    from .ext import cli as ext_cli
     from .query import DamagedShardWarning, QueryError, run_sql
 
     try:
+        run = ext_cli.live_run(args)  # --live [--pid]: which run, and how fresh
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DamagedShardWarning)
-            cols, rows = run_sql(args.sql, args.run)
+            cols, rows = run_sql(args.sql, run)
         said = set()
         for c in caught:  # a damaged shard: one line each, however many tries the query took
             if issubclass(c.category, DamagedShardWarning) and str(c.message) not in said:

@@ -96,3 +96,65 @@ def main(args: argparse.Namespace) -> int:
     print(f"run: {run_dir or 'none'}")
     print(text)
     return 0
+
+
+# ---------------------------------------------------------------------- pprobe query --live
+def add_live_arguments(q: Any) -> None:
+    """``pprobe query --live [--pid PID]``."""
+    q.add_argument(
+        "--live",
+        action="store_true",
+        help="the running program's run: says how fresh its flushed shards are",
+    )
+    q.add_argument("--pid", type=int, help="with --live: the run of this process")  # fmt: skip
+
+
+def live_run(args: argparse.Namespace) -> str | None:
+    """For ``--live``: the run folder to read (``--pid``'s, else --run / latest), after one
+    line on stderr saying whether it runs and how fresh its shards are. Raises
+    FileNotFoundError (one line) when there is none."""
+    if not getattr(args, "live", False):
+        if getattr(args, "pid", None) is not None:
+            raise FileNotFoundError("--pid goes with --live")
+        return args.run  # type: ignore[no-any-return]
+    from .. import runs
+    from ..run import resolve_run_dir
+
+    if args.pid is not None:
+        run_dir = _run_of_pid(args.pid, args.run)
+    else:
+        run_dir = resolve_run_dir(args.run)
+    st = runs.status(run_dir)
+    newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(
+        glob.escape(run_dir), "log", "**", "*.arrows"), recursive=True)), default=None)  # fmt: skip
+    import time
+
+    if st.state == runs.RUNNING:
+        age = "no shard flushed yet" if newest is None else (
+            f"newest shard written {time.time() - newest:.1f} s ago")  # fmt: skip
+        name = os.path.basename(run_dir)
+        print(
+            f"pprobe query: live: run {name} is running (pid {st.pid}); no live endpoint: "
+            f"reading the rows flushed so far ({age})",
+            file=sys.stderr,
+        )
+    else:
+        print(f"pprobe query: live: run {os.path.basename(run_dir)} is not running ({st.state}"
+              f"{': ' + st.reason if st.reason else ''}); reading what it wrote",
+              file=sys.stderr)  # fmt: skip
+    return run_dir
+
+
+def _run_of_pid(pid: int, where: str | None) -> str:
+    from .. import config
+
+    base = where or os.environ.get("PPROBE_OUTPUT") or config.Config().output
+    for meta in sorted(glob.glob(os.path.join(glob.escape(base), "*", "procs", "*.json")),
+                       key=os.path.getmtime, reverse=True):  # fmt: skip
+        try:
+            with open(meta, "rb") as f:
+                if json.loads(f.read()).get("pid") == pid:
+                    return os.path.realpath(os.path.dirname(os.path.dirname(meta)))
+        except (OSError, ValueError):
+            continue
+    raise FileNotFoundError(f"no run of process {pid} under {base!r}")

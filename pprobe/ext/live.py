@@ -1,0 +1,85 @@
+"""SQL on the running program, from inside it: ``pprobe.sql("SELECT ...")``.
+
+Before the query, the ``@table`` / ``@metric`` functions are sampled (on demand), and the
+rows recorded so far are written: the op rows the record buffer holds (the log writer's
+flush) and the user tables' pending rows. The query then sees every row recorded so far,
+through the same views as ``pprobe query`` (``ops``, ``tensors``, schema ``python``,
+``settings``, ``information_schema.df_settings``). Without a run (the probe is off), the
+user tables live in memory and ``ops`` / ``tensors`` are empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import state
+from . import sqlviews, tables
+
+
+class Result:
+    """A query's result: the Arrow table (``.arrow``; its attributes, such as ``num_rows``
+    and ``to_pylist()``, are this object's), and ``.df()`` for a pandas DataFrame."""
+
+    def __init__(self, table: Any) -> None:
+        self.arrow = table
+
+    def df(self) -> Any:
+        return self.arrow.to_pandas()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.arrow, name)
+
+    def __len__(self) -> int:
+        return int(self.arrow.num_rows)
+
+    def __eq__(self, other: object) -> bool:
+        return bool(self.arrow.equals(other.arrow if isinstance(other, Result) else other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.arrow)
+
+
+def sql(query: str) -> Result:
+    """Run ``query`` over this program's run as it is now; raises pprobe.query.QueryError."""
+    import duckdb
+
+    from .. import query as q
+
+    tables.sample("live")
+    session = tables._session()
+    with state.internal():
+        if session is not None:
+            session.writer.flush()
+        tables.flush()
+        query = sqlviews.rewrite(query)
+        run_dir = session.run.dir if session is not None else None
+        if run_dir is not None:
+            con = q._open(run_dir, q.named_tables(query), "cache", query)
+        else:
+            con = duckdb.connect(config=q._CONFIG)
+            for name, sch in _empty_views().items():
+                con.register(name, sch)
+            sqlviews.register(con, None, tables.snapshot_memory(), query, live=True)
+        try:
+            if run_dir is not None:  # this process's settings, set since the run started
+                sqlviews.register_settings(con, None, live=True)
+            try:
+                rel = con.sql(query)
+                if rel is None:  # a statement without rows
+                    import pyarrow as pa
+
+                    return Result(pa.table({}))
+                fetch = getattr(rel, "to_arrow_table", None) or rel.fetch_arrow_table
+                return Result(fetch())
+            except duckdb.Error as e:
+                raise q.QueryError(f"{e}\n\n{q.describe_views(con)}") from None
+        finally:
+            con.close()
+
+
+def _empty_views() -> dict[str, Any]:
+    from .. import schema
+
+    return {name: sch.empty_table() for name, sch in schema.TABLES.items()}

@@ -1,0 +1,110 @@
+"""Live SQL: pprobe.sql in the program, pprobe query --live on a running one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import BOOTSTRAP, clean_env, run_script, write
+
+PROG = """
+    import json
+    import numpy as np
+    import pprobe
+    from pprobe import table
+
+    n = {"calls": 0}
+
+    @table("live_state")
+    def live_state():
+        n["calls"] += 1
+        return {"calls": n["calls"]}
+
+    for i in range(7):
+        np.multiply(np.ones(3), i)
+    pprobe.record("ev", [{"i": i} for i in range(4)])
+    ops = pprobe.sql("SELECT count(*) AS n FROM ops WHERE op = 'numpy.multiply'")
+    ev = pprobe.sql("SELECT sum(i)::BIGINT AS s FROM python.ev")
+    st = pprobe.sql("SELECT calls FROM python.live_state")
+    mode = pprobe.sql("SELECT value FROM information_schema.df_settings WHERE name = 'mode'")
+    print(json.dumps([ops.to_pylist(), ev.to_pylist(), st.to_pylist(), mode.to_pylist(),
+                      type(ev.df()).__name__, len(ops)]))
+"""
+
+
+def test_sql_in_process_sees_unflushed_rows(tmp_path: Path) -> None:
+    # Nothing would be flushed before exit: a day between flushes, a huge batch size.
+    r = run_script(tmp_path, PROG, env={"PPROBE_MODE": "log", "PPROBE_FLUSH_SECONDS": "86400",
+                                        "PPROBE_FLUSH_ROWS": "1000000"}).check()  # fmt: skip
+    ops, ev, st, mode, df, n = json.loads(r.out)
+    assert ops == [{"n": 7}] and ev == [{"s": 6}] and mode == [{"value": "log"}]
+    assert st == [{"calls": 1}, {"calls": 2}, {"calls": 3}]  # sampled on demand per query
+    assert df == "DataFrame" and n == 1
+
+
+def test_sql_without_a_run(tmp_path: Path) -> None:
+    r = run_script(tmp_path, PROG, env={"PPROBE": "0"}).check()
+    ops, ev, st, mode, _df, _n = json.loads(r.out)
+    assert ops == [{"n": 0}] and ev == [{"s": 6}] and mode == [{"value": "dump"}]
+    assert st == [{"calls": 1}, {"calls": 2}, {"calls": 3}]
+
+
+def test_query_live_reads_a_running_program(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ready = tmp_path / "ready"
+    script = write(
+        tmp_path / "prog.py",
+        f"""
+        import os, time
+        import numpy as np
+        import pprobe
+        from pprobe.ext import tables
+        for i in range(5):
+            np.subtract(np.ones(2), i)
+            pprobe.record("progress", {{"i": i}})
+        pprobe.active_run_dir() and open({str(ready)!r}, "w").close()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        """,
+    )
+    env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PYTHONPATH=str(BOOTSTRAP),
+                    PPROBE_MODE="log", PPROBE_FLUSH_SECONDS="0.05")  # fmt: skip
+    p = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        def query(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run(
+                [sys.executable, "-m", "pprobe", "query", "--live", *args, "--format", "json",
+                 "SELECT (SELECT count(*) FROM python.progress) AS rows, (SELECT count(*) FROM "
+                 "ops WHERE op = 'numpy.subtract') AS ops"],
+                capture_output=True, text=True, env=env, cwd=tmp_path,
+            )  # fmt: skip
+
+        got = None
+        while time.monotonic() < deadline:  # until the writer threads have flushed them
+            q = query("--pid", str(p.pid), "--run", str(tmp_path / "out"))
+            assert q.returncode == 0, q.stderr
+            got = json.loads(q.stdout)
+            if got == [{"rows": 5, "ops": 5}]:
+                break
+            time.sleep(0.05)
+        assert got == [{"rows": 5, "ops": 5}]
+        assert f"is running (pid {p.pid}); no live endpoint: reading the rows flushed so far" in (
+            q.stderr
+        )
+        assert "newest shard written" in q.stderr and len(q.stderr.splitlines()) == 1
+    finally:
+        go.touch()
+        p.wait(timeout=60)
+    q = query("--run", str(tmp_path / "out" / "latest"))
+    assert "is not running (ended)" in q.stderr
+    bad = subprocess.run([sys.executable, "-m", "pprobe", "query", "--live", "--pid", "1",
+                          "--run", str(tmp_path / "out"), "SELECT 1"], capture_output=True,
+                         text=True, env=env)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("pprobe query: no run of process 1")
