@@ -454,7 +454,7 @@ def on_step(old: int, new: int) -> None:
     the step that ends, ``old``)."""
     global _steps_seen
     every = _setting("sample_steps", 1)
-    if every <= 0 or not sources:
+    if every <= 0 or not sources or old == new:  # pprobe.step(n) at the step it is: no boundary
         return
     _steps_seen += 1
     if _steps_seen % every:
