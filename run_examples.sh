@@ -45,6 +45,24 @@ PYTHONPATH=bootstrap PRECISION=float32 "$PY" examples/precision_mlp.py 2>/dev/nu
 # exit status 1: the runs diverge (examples/test_compare_golden.py uses it as a pytest check)
 "$PY" -m pprobe compare "$golden" latest --top 5 || echo "(pprobe compare exit status $?: divergent)"
 
+echo
+echo "== examples/ext_demo.py: a table, a metric, a hook and a plugin (docs/extending.md)"
+PYTHONPATH=bootstrap:examples PPROBE_PLUGINS=ext_plugin PPROBE_MODE=log "$PY" examples/ext_demo.py
+echo "-- the table (@table, sampled at each step boundary and at exit)"
+"$PY" -m pprobe query "SELECT step, steps_done, round(loss, 4) AS loss
+                       FROM python.training_state ORDER BY step LIMIT 4"
+echo "-- the metrics (@metric, and the plugin's)"
+"$PY" -m pprobe query "SELECT name, count(*) AS samples, round(min(value), 4) AS min,
+                       round(max(value), 4) AS max FROM python.metrics GROUP BY name ORDER BY name"
+echo "-- the hook's rows (hook_function + pprobe.record)"
+"$PY" -m pprobe query "SELECT i, round(loss, 4) AS loss FROM python.losses ORDER BY i LIMIT 3"
+echo "-- the plugin's table and the settings"
+"$PY" -m pprobe query "SELECT count(*) AS rows, round(sum(seconds), 3) AS seconds
+                       FROM python.step_times"
+"$PY" -m pprobe query "SELECT name, value, source FROM information_schema.df_settings
+                       WHERE name LIKE 'demo.%' OR name LIKE 'timing.%' ORDER BY name"
+PPROBE_PLUGINS=ext_plugin PYTHONPATH=examples "$PY" -m pprobe plugins
+
 if "$PY" -c "import torch" 2>/dev/null && [ -f examples/torch_mlp.py ]; then
   echo
   echo "== examples/torch_mlp.py under the probe (log mode, module paths, optimizer steps)"

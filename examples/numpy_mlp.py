@@ -47,9 +47,14 @@ def main(steps: int = 30, seed: int = 0) -> float:
 
         for param, grad in ((w1, g_w1), (b1, g_b1), (w2, g_w2), (b2, g_b2)):
             np.subtract(param, lr * grad, out=param)
-        if i % 10 == 0:
-            print(f"step {i:3d}  loss {float(loss):.4f}")
+        report(i, float(loss))
     return float(loss)
+
+
+def report(i: int, loss: float) -> None:
+    """Called once a step with the loss (examples/ext_demo.py hooks it)."""
+    if i % 10 == 0:
+        print(f"step {i:3d}  loss {loss:.4f}")
 
 
 if __name__ == "__main__":
