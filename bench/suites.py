@@ -418,12 +418,22 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
             needs_torch=True,
         ),
         Variant("torch.profiler", args={"profiler": True}),
+        # docs/extending.md's cost: one @table and one @metric sampled at every step boundary
+        Variant(
+            "log + ext (native)",
+            probe=True,
+            env={"PPROBE_MODE": "log"},
+            args={"ext": True},
+            needs_torch=True,
+            engine="native",
+        ),
     ]
     dump_dir = tempfile.mkdtemp(prefix="pprobe-bench-msprobe-")  # msprobe's dumps, deleted after
     extra += msprobe_variants(dump_dir)
     vs = _variants(True, extra)
     if plan.quick:  # ~2-5 s per torch child: the smoke run keeps one probed mode per level
-        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler", *MSPROBE.values())
+        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler", "log + ext (native)",
+                *MSPROBE.values())  # fmt: skip
         vs = [v for v in vs if v.name in keep]
     try:
         _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")

@@ -40,6 +40,21 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = [(torch.randn(64, 128), torch.randint(0, 10, (64,))) for _ in range(8)]
 
 
+if ARGS.get("ext"):  # the extension API's cost: a table and a metric sampled every step
+    from pprobe import metric, table
+
+    last = {"loss": 0.0, "n": 0}
+
+    @table("training_state")
+    def training_state() -> dict[str, Any]:
+        return {"loss": last["loss"], "lr": opt.param_groups[0]["lr"], "n": last["n"]}
+
+    @metric("steps_seen")
+    def steps_seen() -> int:
+        last["n"] += 1
+        return last["n"]
+
+
 def step(i: int) -> float:
     xb, yb = data[i % len(data)]
     opt.zero_grad()
