@@ -179,16 +179,16 @@ def _cmd_query(args: argparse.Namespace) -> int:
     from .query import DamagedShardWarning, QueryError, run_sql
 
     try:
-        run = ext_cli.live_run(args)  # --live [--pid]: which run, and how fresh
+        run = ext_cli.live_run(args)  # --live [--pid]: the endpoint's answer, or which run
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", DamagedShardWarning)
-            cols, rows = run_sql(args.sql, run)
+            cols, rows = run if isinstance(run, tuple) else run_sql(args.sql, run)
         said = set()
         for c in caught:  # a damaged shard: one line each, however many tries the query took
             if issubclass(c.category, DamagedShardWarning) and str(c.message) not in said:
                 said.add(str(c.message))
                 print(f"pprobe query: warning: {c.message}", file=sys.stderr)
-    except QueryError as e:
+    except (QueryError, ext_cli.LiveError) as e:
         print(f"pprobe query: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:

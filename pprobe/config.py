@@ -491,6 +491,15 @@ SETTINGS: tuple[Setting, ...] = (
         "`pprobe.plugins` or module paths (`pkg.mod`, `pkg.mod:Class`); `*`: every entry point.",
     ),
     Setting(
+        "live",
+        "PPROBE_LIVE",
+        "off",
+        _choice(("off", "unix", "tcp")),
+        "The live endpoint `pprobe query --live` asks: off, unix (a socket in the run folder; "
+        "loopback TCP where its path is too long) or tcp (127.0.0.1). A token in an owner-only "
+        "file guards it; it runs read-only SQL over the run only.",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -543,6 +552,7 @@ class Config:
     sample_steps: int = 1
     sample_seconds: float = 0.0
     plugins: tuple[str, ...] = ()
+    live: str = "off"
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -84,6 +84,10 @@ class Session:
             from .ext import plugins
 
             plugins.load_configured(s.config.plugins)
+        if s.config.live != "off":  # PPROBE_LIVE: pprobe query --live asks this process
+            from .ext import endpoint
+
+            endpoint.start(s, s.config.live)
         return s
 
     def _watch(self, framework: str) -> None:
@@ -123,6 +127,9 @@ class Session:
                 except Exception as e:
                     _report.internal_error(f"uninstalling the {fw} probe", e)
             self.installed.clear()
+        live = sys.modules.get("pprobe.ext.endpoint")
+        if live is not None:
+            live.stop()
         ext = sys.modules.get("pprobe.ext.tables")
         if ext is not None:  # user tables: sampled once more, written, closed
             try:

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import BOOTSTRAP, clean_env, run_script, write
 
 PROG = """
@@ -108,3 +109,103 @@ def test_query_live_reads_a_running_program(tmp_path: Path) -> None:
                           "--run", str(tmp_path / "out"), "SELECT 1"], capture_output=True,
                          text=True, env=env)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("pprobe query: no run of process 1")
+
+
+def test_live_endpoint_answers_and_refuses(tmp_path: Path) -> None:
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    script = write(
+        tmp_path / "prog.py",
+        f"""
+        import os, time
+        import numpy as np
+        import pprobe
+        for i in range(6):
+            np.subtract(np.ones(2), i)
+            pprobe.record("progress", {{"i": i}})
+        open({str(ready)!r}, "w").close()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.02)
+        """,
+    )
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the endpoint")
+    for transport in ("unix", "tcp"):
+        ready.unlink(missing_ok=True)
+        go.unlink(missing_ok=True)
+        # A day between flushes: only the endpoint can see these rows while the program runs.
+        env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PYTHONPATH=str(BOOTSTRAP),
+                        PPROBE_MODE="log", PPROBE_FLUSH_SECONDS="86400",
+                        PPROBE_FLUSH_ROWS="1000000", PPROBE_LIVE=transport)  # fmt: skip
+        p = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+            def query(
+                sql: str, p: subprocess.Popen = p, env: dict = env
+            ) -> subprocess.CompletedProcess:
+                return subprocess.run(
+                    [sys.executable, "-m", "pprobe", "query", "--live", "--pid", str(p.pid),
+                     "--run", str(tmp_path / "out"), "--format", "json", sql],
+                    capture_output=True, text=True, env=env, cwd=tmp_path,
+                )  # fmt: skip
+
+            q = query("SELECT (SELECT count(*) FROM python.progress) AS rows, (SELECT count(*) "
+                      "FROM ops WHERE op = 'numpy.subtract') AS ops")  # fmt: skip
+            assert q.returncode == 0, q.stderr
+            assert json.loads(q.stdout) == [{"rows": 6, "ops": 6}]
+            assert (
+                q.stderr.strip()
+                == f"pprobe query: live: asked process {p.pid} (its rows up to now)"
+            )
+            info = next((tmp_path / "out" / "latest" / "live").glob("*.json"))
+            assert oct(info.stat().st_mode & 0o777) == "0o600"
+            assert json.loads(info.read_text())["transport"] in (transport, "tcp")
+            for bad, why in [
+                (f"SELECT * FROM read_text('{secret}')", "read_text() is refused"),
+                (f"SELECT * FROM '{secret}'", "a quoted path as a table is refused"),
+                (f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'", "COPY is refused"),
+                (f"ATTACH '{tmp_path / 'x.db'}'", "ATTACH is refused"),
+                ("INSTALL httpfs", "INSTALL is refused"),
+                ("SELECT 1; SELECT 2", "one statement per request"),
+            ]:
+                q = query(bad)
+                assert q.returncode == 2 and why in q.stderr, (bad, q.stderr)
+            assert not (tmp_path / "x.csv").exists() and not (tmp_path / "x.db").exists()
+            q = query("SELECT nope FROM ops")
+            assert q.returncode == 2 and "nope" in q.stderr
+        finally:
+            go.touch()
+            p.wait(timeout=60)
+        assert not list((tmp_path / "out" / "latest" / "live").glob("*.sock"))
+
+
+def test_check_sql_in_process() -> None:
+    from pprobe.ext.endpoint import Refused, check_sql
+
+    assert check_sql("  select 'a;b' AS x ; ") == "select 'a;b' AS x"
+    assert check_sql("WITH t AS (SELECT 1) SELECT * FROM t")
+    for bad in ("PRAGMA version", "SET threads=1", "CREATE TABLE t(a int)",
+                "SELECT * FROM glob('/*')", "SELECT * FROM read_parquet('/x.parquet')",
+                "SELECT * FROM (FROM '/etc/hosts')", ""):  # fmt: skip
+        with pytest.raises(Refused):
+            check_sql(bad)
+
+
+def test_locked_connection_reads_nothing_outside_the_run(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import pprobe
+        from pprobe.ext.live import run_locked
+        pprobe.record("t", {"a": 1})
+        print(run_locked("SELECT a FROM python.t"))
+        try:
+            run_locked("SELECT * FROM read_text('/etc/hostname')")  # past check_sql: DuckDB
+        except Exception as e:
+            print(type(e).__name__, "file system operations are disabled" in str(e))
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.splitlines() == ["(['a'], [(1,)])", "QueryError True"]

@@ -109,6 +109,10 @@ def add_live_arguments(q: Any) -> None:
     q.add_argument("--pid", type=int, help="with --live: the run of this process")  # fmt: skip
 
 
+class LiveError(Exception):
+    """The live endpoint's answer was an error (bad SQL, refused SQL)."""
+
+
 def live_run(args: argparse.Namespace) -> str | None:
     """For ``--live``: the run folder to read (``--pid``'s, else --run / latest), after one
     line on stderr saying whether it runs and how fresh its shards are. Raises
@@ -125,6 +129,24 @@ def live_run(args: argparse.Namespace) -> str | None:
     else:
         run_dir = resolve_run_dir(args.run)
     st = runs.status(run_dir)
+    if st.state == runs.RUNNING:  # a live endpoint of the process asked for, or of the run's
+        infos = sorted(glob.glob(os.path.join(glob.escape(run_dir), "live", "*.json")))
+        want = args.pid if args.pid is not None else st.pid
+        for info in infos:
+            if info.endswith(f"-{want}.json"):
+                from . import endpoint
+
+                try:
+                    got = endpoint.ask(info, args.sql)
+                except OSError as e:
+                    print(f"pprobe query: live: the endpoint of pid {want} did not answer ({e}); "
+                          "reading the flushed shards", file=sys.stderr)  # fmt: skip
+                    break
+                if "error" in got:
+                    raise LiveError(got["error"])
+                print(f"pprobe query: live: asked process {want} (its rows up to now)",
+                      file=sys.stderr)  # fmt: skip
+                return got["columns"], [tuple(r) for r in got["rows"]]  # type: ignore[return-value]
     newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(
         glob.escape(run_dir), "log", "**", "*.arrows"), recursive=True)), default=None)  # fmt: skip
     import time

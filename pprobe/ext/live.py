@@ -10,6 +10,7 @@ user tables live in memory and ``ops`` / ``tensors`` are empty.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .. import state
@@ -41,8 +42,20 @@ class Result:
         return repr(self.arrow)
 
 
+def run_locked(query: str) -> tuple[list[str], list[tuple]]:
+    """For the live endpoint: ``query`` as :func:`sql` runs it, on a connection that can read
+    no file outside the run folder and its cache, and write none (DuckDB's
+    ``enable_external_access = false``, ``allowed_directories``, locked configuration)."""
+    res = _run(query, lock=True)
+    return list(res.arrow.column_names), [tuple(r.values()) for r in res.arrow.to_pylist()]
+
+
 def sql(query: str) -> Result:
     """Run ``query`` over this program's run as it is now; raises pprobe.query.QueryError."""
+    return _run(query, lock=False)
+
+
+def _run(query: str, lock: bool) -> Result:
     import duckdb
 
     from .. import query as q
@@ -65,6 +78,12 @@ def sql(query: str) -> Result:
         try:
             if run_dir is not None:  # this process's settings, set since the run started
                 sqlviews.register_settings(con, None, live=True)
+            if lock:
+                dirs = [run_dir] + (q.cache_dirs(run_dir) if run_dir is not None else [])
+                listed = ", ".join(q._quote(os.path.join(d, "")) for d in dirs if d)
+                con.execute(f"SET allowed_directories = [{listed}]")
+                con.execute("SET enable_external_access = false")
+                con.execute("SET lock_configuration = true")
             try:
                 rel = con.sql(query)
                 if rel is None:  # a statement without rows
