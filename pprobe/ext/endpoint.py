@@ -81,6 +81,8 @@ class Endpoint:
         self.session = session
         self.token = secrets.token_hex(16)
         self.stopping = False
+        self.active: set[Any] = set()  # DuckDB connections running a query
+        self.threads: set[threading.Thread] = set()
         run = session.run
         host = re.sub(r"[^A-Za-z0-9._-]", "_", run.host)
         folder = run.folder.subdir("live")
@@ -113,6 +115,7 @@ class Endpoint:
                 return
             t = threading.Thread(target=self._handle, args=(conn,), name="pprobe-live-query",
                                  daemon=True)  # fmt: skip
+            self.threads.add(t)
             t.start()
 
     def _handle(self, conn: socket.socket) -> None:
@@ -128,7 +131,10 @@ class Endpoint:
                 answer = self.answer(data)
                 conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
         except Exception as e:
-            _report.internal_error("the live endpoint", e)
+            if not self.stopping:
+                _report.internal_error("the live endpoint", e)
+        finally:
+            self.threads.discard(threading.current_thread())
 
     def answer(self, data: bytes) -> dict[str, Any]:
         try:
@@ -144,19 +150,33 @@ class Endpoint:
             sql = check_sql(sql)
             from .live import run_locked
 
-            cols, rows = run_locked(sql)
+            if self.stopping:
+                return {"error": "the program is stopping"}
+            cols, rows = run_locked(sql, self.active)
             return {"columns": cols, "rows": rows}
         except Refused as e:
             return {"error": f"refused: {e}"}
         except Exception as e:
+            if self.stopping:
+                return {"error": "the program stopped before the query ended"}
             return {"error": str(e)}
 
     def stop(self) -> None:
+        """Close the socket, interrupt the queries running and wait for their threads (a
+        DuckDB query still running in a daemon thread when the interpreter ends aborts it)."""
         self.stopping = True
         try:
             self.sock.close()
         except OSError:
             pass
+        for con in list(self.active):
+            try:
+                con.interrupt()
+            except Exception:
+                pass
+        for t in list(self.threads):
+            if t is not threading.current_thread():
+                t.join(timeout=5)
         if self.where["transport"] == "unix":
             try:
                 os.unlink(self.where["path"])
@@ -212,4 +232,6 @@ def ask(info_path: str, sql: str, timeout: float = 60.0) -> dict[str, Any]:
             if not chunk:
                 break
             data += chunk
+    if not data:
+        return {"error": "the program ended before it answered"}
     return json.loads(data)  # type: ignore[no-any-return]

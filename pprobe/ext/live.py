@@ -42,11 +42,11 @@ class Result:
         return repr(self.arrow)
 
 
-def run_locked(query: str) -> tuple[list[str], list[tuple]]:
+def run_locked(query: str, active: Any = None) -> tuple[list[str], list[tuple]]:
     """For the live endpoint: ``query`` as :func:`sql` runs it, on a connection that can read
     no file outside the run folder and its cache, and write none (DuckDB's
     ``enable_external_access = false``, ``allowed_directories``, locked configuration)."""
-    res = _run(query, lock=True)
+    res = _run(query, lock=True, active=active)
     return list(res.arrow.column_names), [tuple(r.values()) for r in res.arrow.to_pylist()]
 
 
@@ -55,7 +55,9 @@ def sql(query: str) -> Result:
     return _run(query, lock=False)
 
 
-def _run(query: str, lock: bool) -> Result:
+def _run(query: str, lock: bool, active: Any = None) -> Result:
+    """``active``: a set the connection is in while it runs (the endpoint interrupts them
+    when the program stops)."""
     import duckdb
 
     from .. import query as q
@@ -78,9 +80,14 @@ def _run(query: str, lock: bool) -> Result:
         try:
             if run_dir is not None:  # this process's settings, set since the run started
                 sqlviews.register_settings(con, None, live=True)
+            if active is not None:
+                active.add(con)
             if lock:
                 dirs = [run_dir] + (q.cache_dirs(run_dir) if run_dir is not None else [])
                 listed = ", ".join(q._quote(os.path.join(d, "")) for d in dirs if d)
+                # a core left to the program: the query competes with it for none but the rest
+                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+                con.execute(f"SET threads = {max(1, cores - 1)}")
                 con.execute(f"SET allowed_directories = [{listed}]")
                 con.execute("SET enable_external_access = false")
                 con.execute("SET lock_configuration = true")
@@ -95,6 +102,8 @@ def _run(query: str, lock: bool) -> Result:
             except duckdb.Error as e:
                 raise q.QueryError(f"{e}\n\n{q.describe_views(con)}") from None
         finally:
+            if active is not None:
+                active.discard(con)
             con.close()
 
 
