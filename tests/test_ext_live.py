@@ -209,3 +209,32 @@ def test_locked_connection_reads_nothing_outside_the_run(tmp_path: Path) -> None
         env={"PPROBE_MODE": "log"},
     ).check()
     assert r.out.splitlines() == ["(['a'], [(1,)])", "QueryError True"]
+
+
+def test_program_ends_its_own_way_while_a_query_runs(tmp_path: Path) -> None:
+    """A query still running when the program ends is interrupted: exit code 0, no abort."""
+    ready = tmp_path / "ready"
+    script = write(
+        tmp_path / "prog.py",
+        f"""
+        import os, time
+        import pprobe
+        open({str(ready)!r}, "w").close()
+        time.sleep(2)
+        """,
+    )
+    env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PYTHONPATH=str(BOOTSTRAP),
+                    PPROBE_MODE="log", PPROBE_LIVE="tcp")  # fmt: skip
+    p = subprocess.Popen([sys.executable, str(script)], env=env, cwd=tmp_path,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while not ready.exists():
+        time.sleep(0.02)
+    slow = "SELECT sum(a.range * b.range) FROM range(100000) a, range(100000) b"
+    q = subprocess.run([sys.executable, "-m", "pprobe", "query", "--live", "--pid", str(p.pid),
+                        "--run", str(tmp_path / "out"), slow], capture_output=True, text=True,
+                       env=env, timeout=120)  # fmt: skip
+    _out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "terminate" not in err and "FATAL" not in err
+    assert q.returncode == 2
+    assert "the program stopped before the query ended" in q.stderr, q.stderr

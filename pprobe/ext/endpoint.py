@@ -169,14 +169,22 @@ class Endpoint:
             self.sock.close()
         except OSError:
             pass
-        for con in list(self.active):
-            try:
-                con.interrupt()
-            except Exception:
-                pass
-        for t in list(self.threads):
-            if t is not threading.current_thread():
-                t.join(timeout=5)
+        import time
+
+        # A query may be about to start (its connection not yet listed, or an interrupt sent
+        # before DuckDB began): interrupt again until every query thread has ended.
+        deadline = time.monotonic() + 10
+        me = threading.current_thread()
+        while time.monotonic() < deadline:
+            alive = [t for t in list(self.threads) if t is not me and t.is_alive()]
+            if not alive:
+                break
+            for con in list(self.active):
+                try:
+                    con.interrupt()
+                except Exception:
+                    pass
+            alive[0].join(timeout=0.05)
         if self.where["transport"] == "unix":
             try:
                 os.unlink(self.where["path"])
