@@ -159,3 +159,15 @@ def test_pprobe_plugins_without_a_run(tmp_path: Path) -> None:
                        capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 2 and p.stderr.startswith("pprobe plugins: ")
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_plugins_from_the_config_file(tmp_path: Path) -> None:
+    d = _plugins(tmp_path)
+    write(tmp_path / "pprobe.toml", 'plugins = ["myplug"]\nmode = "log"\n')
+    r = run_script(
+        tmp_path,
+        "from pprobe.ext import plugins\nprint(sorted(plugins.loaded))\n",
+        env={"PYTHONPATH": f"{BOOTSTRAP}{os.pathsep}{d}"},
+    ).check()
+    assert r.out.strip() == "['my_plugin']"
+    assert sql(r.run_dir, "SELECT count(*) AS n FROM python.plugin_data") == [{"n": 1}]

@@ -312,3 +312,19 @@ def test_reserved_and_bad_rows() -> None:
 
 if os.name != "posix":  # pragma: no cover
     pytest.skip("fork", allow_module_level=True)
+
+
+def test_register_table_dataframe_as_given_and_replaced(tmp_path: Path) -> None:
+    pytest.importorskip("pandas")
+    r = run_script(
+        tmp_path,
+        """
+        import pandas as pd
+        from pprobe import register_table
+        register_table("frame", pd.DataFrame({"id": [1, 2, 3], "value": [10.0, 20.0, 30.0]}))
+        register_table("frame", pd.DataFrame({"id": [7], "name": ["x"]}))   # replaces it
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    got = sql(r.run_dir, "SELECT * EXCLUDE (run_id, pid, rank, step, ts_ns) FROM python.frame")
+    assert got == [{"id": 7, "name": "x"}]

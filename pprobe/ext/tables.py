@@ -181,9 +181,13 @@ def _add(table: str, rows: list[dict[str, Any]]) -> None:
         pending.setdefault(table, []).extend(out)
 
 
+def _is_pandas(x: Any) -> bool:
+    mod = type(x).__module__  # "pandas.core.frame", or "pandas" (pandas 3)
+    return mod == "pandas" or mod.startswith("pandas.")
+
+
 def _is_frame(x: Any) -> bool:
-    mod = type(x).__module__
-    return mod.startswith("pandas.") or mod.startswith("pyarrow")
+    return _is_pandas(x) or type(x).__module__.startswith("pyarrow")
 
 
 def _rows_of(table: str, data: Any) -> list[dict[str, Any]]:
@@ -214,7 +218,7 @@ def _as_arrow(name: str, data: Any) -> Any:
         return data
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
-    if type(data).__module__.startswith("pandas."):
+    if _is_pandas(data):
         return pa.Table.from_pandas(data, preserve_index=False)
     rows = _rows_of(name, data)
     return build_table(rows, [])
