@@ -74,6 +74,7 @@ pending: dict[str, list[dict[str, Any]]] = {}
 #: table -> rows already written by this process, kept only when no run records them
 memory: dict[str, list[dict[str, Any]]] = {}
 _steps_seen = 0
+_every: int | None = None
 _active = False
 _flusher: _Flusher | None = None
 
@@ -168,10 +169,11 @@ def _std() -> dict[str, Any]:
     }
 
 
-def _add(table: str, rows: list[dict[str, Any]]) -> None:
+def _add(table: str, rows: list[dict[str, Any]], std: dict[str, Any] | None = None) -> None:
     if not rows:
         return
-    std = _std()
+    if std is None:
+        std = _std()
     out = []
     for r in rows:
         d = dict(std)
@@ -244,6 +246,9 @@ def _norm(v: Any) -> Any:
     return str(v)
 
 
+_PLAIN = {type(None), bool, int, float, str, bytes}
+
+
 def _kind(v: Any) -> str:
     if isinstance(v, bool):
         return "bool"
@@ -265,6 +270,16 @@ def _array(pa: Any, np: Any, vals: list[Any]) -> Any:
     from ..writer import _bools, _ints, _nulls, _texts
 
     n = len(vals)
+    types = set(map(type, vals))
+    if types == {float} or types == {int}:  # the common case, without a Python loop
+        try:
+            data = np.array(vals, dtype=np.float64 if float in types else np.int64)
+            return pa.Array.from_buffers(pa.float64() if float in types else pa.int64(), n,
+                                         [None, pa.py_buffer(data)])  # fmt: skip
+        except OverflowError:
+            pass
+    if types == {str}:
+        return _texts(pa, np, vals)
     valid_l = [v is not None for v in vals]
     kinds = {_kind(v) for v in vals if v is not None}
     valid = np.array(valid_l, dtype=bool) if n else np.zeros(0, dtype=bool)
@@ -316,7 +331,12 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
         for r in rows:
             for k in r:
                 names.setdefault(k, None)
-        cols = [_array(pa, np, [_norm(r.get(c)) for r in rows]) for c in names]
+        cols = []
+        for c in names:
+            vals = [r.get(c) for r in rows]
+            if not set(map(type, vals)) <= _PLAIN:
+                vals = [_norm(v) for v in vals]
+            cols.append(_array(pa, np, vals))
         std = {"run_id": pa.string(), "pid": pa.int64(), "rank": pa.int64(),
                "step": pa.int64(), "ts_ns": pa.int64()}  # fmt: skip
         cols = [
@@ -432,6 +452,7 @@ def sample(reason: str = "demand") -> None:
     """Call every ``@table`` and ``@metric`` function now; their rows wait for the flush."""
     with _lock:
         todo = [s for s in sources.values() if not s.off]
+    std = _std()  # one time and step for the whole sample
     for s in todo:
         what = f"{s.kind} {s.name!r}"
         got = call_guarded(what, s.fn, s)
@@ -443,21 +464,23 @@ def sample(reason: str = "demand") -> None:
             except (TypeError, ValueError) as e:
                 note_failure(what, s, e)
                 continue
-            _add("metrics", [{"name": s.name, "value": value}])
+            _add("metrics", [{"name": s.name, "value": value}], std)
         else:
             try:
                 rows = _rows_of(s.name, got)
             except Exception as e:
                 note_failure(what, s, e)
                 continue
-            _add(s.name, rows)
+            _add(s.name, rows, std)
 
 
 def on_step(old: int, new: int) -> None:
     """The recorder's step listener: every ``sample_steps`` boundaries, sample (rows carry
     the step that ends, ``old``)."""
-    global _steps_seen
-    every = _setting("sample_steps", 1)
+    global _steps_seen, _every
+    every = _every
+    if every is None:  # the session's setting, read once (it does not change while it runs)
+        every = _every = _setting("sample_steps", 1)
     if every <= 0 or not sources or old == new:  # pprobe.step(n) at the step it is: no boundary
         return
     _steps_seen += 1
@@ -515,7 +538,8 @@ if hasattr(os, "register_at_fork"):
 
 def stop(exiting: bool = True) -> None:
     """At the session's stop (exit included): sample once more, write everything, close."""
-    global _flusher
+    global _flusher, _every
+    _every = None  # the next session's setting
     if not _active:
         return
     if exiting:
