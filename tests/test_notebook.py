@@ -24,6 +24,12 @@ CELLS = [
     "s = pprobe.summary(run)\n"
     "s.data['ops']['rows'], sorted(x['op'] for x in s.data['top_ops_by_calls'])",
     "pprobe.show(2, run=run)",
+    # the probe on across cells: SQL and the summary of the run as it is now
+    'pprobe.enable(mode="stats")',
+    "for i in range(3):\n    np.multiply(np.arange(4.0), i)",
+    'pprobe.sql("SELECT op, count(*) AS calls FROM ops GROUP BY op ORDER BY op")',
+    "pprobe.summary().data['ops']['rows']",
+    "pprobe.disable()",
 ]
 
 
@@ -60,3 +66,6 @@ def test_summary_and_show_render_as_tables_in_a_notebook(tmp_path: Path) -> None
     show = outs[4]["text/html"]  # seq 2 is np.log: its input and output with statistics
     assert "numpy.log" in show and ">input</td>" in show and ">output</td>" in show
     assert "numpy.log" in outs[4]["text/plain"] and "1 inf!" in outs[4]["text/plain"]
+    live = outs[7]["text/html"]  # rows not flushed yet are there
+    assert "2 rows" in live and ">numpy.multiply</td>" in live and ">numpy.arange</td>" in live
+    assert outs[8]["text/plain"] == "6"

@@ -41,6 +41,17 @@ class Result:
     def __repr__(self) -> str:
         return repr(self.arrow)
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the first 50 rows as an HTML table."""
+        from ..textout import Doc
+
+        t = self.arrow
+        n = int(t.num_rows)
+        doc = Doc()
+        rows = [list(r.values()) for r in t.slice(0, 50).to_pylist()]
+        doc.table(f"{n:,} rows" + (" (first 50)" if n > 50 else ""), list(t.column_names), rows)
+        return doc.html()
+
 
 def run_locked(query: str, active: Any = None) -> tuple[list[str], list[tuple]]:
     """For the live endpoint: ``query`` as :func:`sql` runs it, on a connection that can read
