@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -250,6 +251,11 @@ def test_site_pth_install_dormant_active_kill_switch_uninstall(tmp_path: Path) -
     assert _host_pth() == host_before
 
 
+@pytest.mark.skipif(
+    sys.prefix != sys.base_prefix,
+    reason="this interpreter is a venv (CI's interpreter matrix): a --system-site-packages venv "
+    "made from it sees the base interpreter, where pprobe is not installed",
+)
 def test_site_pth_in_a_venv_with_system_site_packages(tmp_path: Path) -> None:
     # The venv's .pth runs before the base interpreter's site-packages (pprobe's
     # dependencies, and pprobe itself here) is on sys.path: the probe starts once it is.
