@@ -17,7 +17,6 @@ the cost follows the number of such calls, not the size of the run. Imported on 
 from __future__ import annotations
 
 import fnmatch
-import json
 import linecache
 import os
 import re
@@ -25,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import runs
 from .opsets import DEFAULT_ALLOW, UNINITIALISED
 
 #: An inf literal among a call's non-array arguments (``1=-inf``, ``value=inf``).
@@ -519,15 +519,6 @@ def _processes(run_dir: str) -> list[dict[str, Any]]:
     return out
 
 
-def _meta(run_dir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(run_dir, "meta.json"), "rb") as f:
-            m = json.loads(f.read())
-        return m if isinstance(m, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 def _coverage_notes(meta: dict[str, Any], procs: list[dict[str, Any]]) -> list[str]:
     """What the log may have missed: an origin among unrecorded calls is not found."""
     cfg: dict[str, Any] = meta["config"] if isinstance(meta.get("config"), dict) else {}
@@ -587,7 +578,7 @@ def nan_origins(
     run_dir = resolve(run)
     patterns = list(configured_allow() if configured else ()) + list(allow)
     allows = allowlist(patterns, default_allow)
-    meta = _meta(run_dir)
+    meta = runs.read_meta(run_dir)
     mode = (meta.get("config") or {}).get("mode") if isinstance(meta.get("config"), dict) else None
     procs = _processes(run_dir)
     if not procs or not any(p["tensors"] for p in procs):

@@ -52,15 +52,6 @@ def _one(con: duckdb.DuckDBPyConnection, sql: str, *params: Any) -> dict[str, An
     return got[0] if got else {}
 
 
-def _meta(run_dir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(run_dir, "meta.json"), "rb") as f:
-            m = json.loads(f.read())
-        return m if isinstance(m, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 # ------------------------------------------------------------------ collect
 def collect(run: str | None, compare: str | None = None) -> dict[str, Any]:
     """Everything the page draws, as plain JSON-able data (aggregated in SQL)."""
@@ -68,7 +59,7 @@ def collect(run: str | None, compare: str | None = None) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     run_dir = resolve_run_dir(run)
-    meta = _meta(run_dir)
+    meta = runs.read_meta(run_dir)
     con = connect(run_dir)
     try:
         # outputs holding NaN/inf, read once: few in a healthy run

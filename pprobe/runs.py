@@ -34,6 +34,16 @@ class RunStatus:
     reason: str = ""
 
 
+def read_meta(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run's meta.json as a dict; {} when it is missing, unreadable or not an object."""
+    try:
+        with open(os.path.join(os.fspath(run_dir), "meta.json"), "rb") as f:
+            m = json.loads(f.read())
+    except (OSError, ValueError):
+        return {}
+    return m if isinstance(m, dict) else {}
+
+
 def status(run_dir: str | os.PathLike[str]) -> RunStatus:
     """The state of the run in ``run_dir`` (see :class:`RunStatus`)."""
     try:

@@ -37,7 +37,7 @@ def summarize(run: str | None = None, top: int = 10) -> dict[str, Any]:
     from .run import resolve_run_dir
 
     run_dir = resolve_run_dir(run)
-    meta = runs_meta(run_dir)
+    meta = runs.read_meta(run_dir)
     plist = procs(run_dir)
     st = runs.status(run_dir)
     con = connect(run_dir)
@@ -121,17 +121,6 @@ def summarize(run: str | None = None, top: int = 10) -> dict[str, Any]:
         "errors": errors,
         "not_captured": not_captured(meta, plist, st, notes),
     }
-
-
-def runs_meta(run_dir: str) -> dict[str, Any]:
-    import json
-
-    try:
-        with open(os.path.join(run_dir, "meta.json"), "rb") as f:
-            d = json.loads(f.read())
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def _errors(plist: list[dict[str, Any]]) -> list[dict[str, Any]]:
