@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import runs
-from .opsets import DEFAULT_ALLOW, UNINITIALISED
+from .opsets import DEFAULT_ALLOW, UNINITIALISED_RE
 
 #: An inf literal among a call's non-array arguments (``1=-inf``, ``value=inf``).
 _INF_ARG = re.compile(r"(?<![\w.])[-+]?inf\b")
@@ -326,7 +326,7 @@ def _allowed(
     return None
 
 
-_UNINIT = re.compile("|".join(fnmatch.translate(u) for u in UNINITIALISED))
+_UNINIT = UNINITIALISED_RE
 
 
 @dataclass

@@ -8,7 +8,7 @@ for a pattern without a dot).
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+import re
 
 #: Ops whose inf outputs are expected. A fill or a selection whose inputs are finite can only
 #: produce an inf from the value the program asked for (``masked_fill(mask, -inf)``,
@@ -73,5 +73,6 @@ def matches(op: str, pattern: str) -> bool:
     return "." not in pattern and fnmatch.fnmatchcase(op.rsplit(".", 1)[-1], pattern)
 
 
-def any_match(op: str, patterns: Iterable[str]) -> bool:
-    return any(matches(op, p) for p in patterns)
+#: :data:`UNINITIALISED` as one regular expression (each op is checked once, when it is
+#: created: one match instead of a glob per pattern; every pattern has a dot).
+UNINITIALISED_RE = re.compile("|".join(fnmatch.translate(p) for p in UNINITIALISED))

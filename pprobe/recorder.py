@@ -96,7 +96,7 @@ class Op:
         self.calls = 0
         self.safe = ""
         self.hidden = hidden  # never a row, and what it calls is hidden (np.seterr, ...)
-        self.uninit = opsets.any_match(name, opsets.UNINITIALISED)
+        self.uninit = opsets.UNINITIALISED_RE.match(name) is not None
         self._configure()
 
     def _configure(self) -> None:
