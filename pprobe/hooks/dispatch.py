@@ -1,0 +1,145 @@
+"""The live hooks, the services they share, and :func:`emit` that calls them at a boundary.
+
+Who emits: zero-code detection (optimizer steps, DataLoader epochs, exit) unless a framework
+integration has :func:`claim`\\ ed the boundaries, in which case only that integration emits
+(its boundaries are exact). Hooks run under ``state.internal()``: their own NumPy/torch calls
+are not recorded. A hook that raises is reported once and switched off after
+:data:`MAX_FAILURES` failures; training goes on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+#: The lifecycle points, in the order a run meets them.
+POINTS = (
+    "before_training",
+    "before_epoch",
+    "before_step",
+    "after_step",
+    "after_epoch",
+    "after_training",
+    "cleanup",
+)
+STEP_POINTS = ("before_step", "after_step")
+EPOCH_POINTS = ("before_epoch", "after_epoch")
+#: A hook that raised this many times is switched off.
+MAX_FAILURES = 5
+
+_lock = threading.RLock()
+_hooks: list[Any] = []
+_services: dict[str, Any] = {}
+_claimed: str | None = None
+_params: dict[tuple[type, str], frozenset[str] | None] = {}
+
+
+def hooks() -> list[Any]:
+    """The live hooks, in the order they were added."""
+    return list(_hooks)
+
+
+def add(hook: Any) -> Any:
+    """Make ``hook`` live (it fires from the next boundary on); returns it."""
+    with _lock:
+        if hook not in _hooks:
+            _hooks.append(hook)
+    return hook
+
+
+def remove(hook: Any) -> None:
+    with _lock:
+        if hook in _hooks:
+            _hooks.remove(hook)
+
+
+def register_service(name: str, obj: Any) -> None:
+    _services[name] = obj
+
+
+def get_service(name: str) -> Any:
+    return _services.get(name)
+
+
+def claim(source: str) -> None:
+    """A framework integration takes over the boundaries: zero-code detection stops emitting."""
+    global _claimed
+    _claimed = source
+
+
+def claimed_by() -> str | None:
+    return _claimed
+
+
+def _accepted(hook: Any, point: str) -> frozenset[str] | None:
+    """The keyword names ``hook.point`` takes (None: it takes ``**kwargs``)."""
+    key = (type(hook), point)
+    if key not in _params:
+        try:
+            sig = inspect.signature(getattr(hook, point))
+        except (TypeError, ValueError):
+            _params[key] = None
+        else:
+            ps = sig.parameters.values()
+            _params[key] = (
+                None if any(p.kind is p.VAR_KEYWORD for p in ps) else frozenset(p.name for p in ps)
+            )
+    return _params[key]
+
+
+def emit(point: str, source: str | None = None, **ctx: Any) -> None:
+    """Call ``point`` on every live hook that wants it, with the context it accepts.
+
+    ``source``: who emits (None for zero-code detection); ignored when another source has
+    claimed the boundaries. ``ctx``: step, epoch, model, metrics, ... (each hook gets the
+    names its method takes).
+    """
+    if point not in POINTS:
+        raise ValueError(f"unknown hook point {point!r}; allowed: {', '.join(POINTS)}")
+    if _claimed is not None and source != _claimed:
+        return
+    if not _hooks:
+        return
+    from .. import state
+
+    for hook in list(_hooks):
+        if getattr(hook, "off", False):
+            continue
+        if point in STEP_POINTS or point in EPOCH_POINTS:
+            at = ctx.get("step" if point in STEP_POINTS else "epoch")
+            if at is not None:
+                try:
+                    if not hook.should_trigger(at):
+                        continue
+                except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
+                    _failed(hook, "should_trigger", exc)
+                    continue
+        names = _accepted(hook, point)
+        kw = ctx if names is None else {k: v for k, v in ctx.items() if k in names}
+        try:
+            with state.internal():
+                getattr(hook, point)(**kw)
+        except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
+            _failed(hook, point, exc)
+
+
+def _failed(hook: Any, point: str, exc: BaseException) -> None:
+    from .. import _report
+
+    hook.failures = getattr(hook, "failures", 0) + 1
+    if hook.failures >= MAX_FAILURES:
+        hook.off = True
+    _report.internal_error(f"hook {getattr(hook, 'name', type(hook).__name__)}.{point}", exc,
+                           outcome="The program goes on; the hook is switched off after "
+                           f"{MAX_FAILURES} failures.")  # fmt: skip
+
+
+def _reset() -> None:
+    """Forget every hook, service and claim (tests)."""
+    global _claimed
+    with _lock:
+        _hooks.clear()
+    _services.clear()
+    _params.clear()
+    _claimed = None
