@@ -63,6 +63,10 @@ class Source:
     owner: str | None = None  # the plugin that registered it
     failures: int = 0
     off: bool = False
+    what: str = ""  # how errors name it: "metric 'loss'"
+
+    def __post_init__(self) -> None:
+        self.what = f"{self.kind} {self.name!r}"
 
 
 _lock = threading.RLock()
@@ -158,11 +162,17 @@ def record_custom_data(data: Any, table: str = "custom_data") -> None:
 
 
 # ---------------------------------------------------------------------- rows
+_pid: int | None = None  # os.getpid(), cached (reset in a forked child)
+
+
 def _std() -> dict[str, Any]:
+    global _pid
     s = _session()
+    if _pid is None:
+        _pid = os.getpid()
     return {
         "run_id": s.run.id if s is not None else None,
-        "pid": os.getpid(),
+        "pid": _pid,
         "rank": state.rank,
         "step": state.step,
         "ts_ns": time.time_ns(),
@@ -174,11 +184,7 @@ def _add(table: str, rows: list[dict[str, Any]], std: dict[str, Any] | None = No
         return
     if std is None:
         std = _std()
-    out = []
-    for r in rows:
-        d = dict(std)
-        d.update(r)  # the user's column wins over pprobe's of the same name
-        out.append(d)
+    out = [{**std, **r} for r in rows]  # the user's column wins over pprobe's of the same name
     with _lock:
         pending.setdefault(table, []).extend(out)
 
@@ -210,6 +216,8 @@ def _rows_of(table: str, data: Any) -> list[dict[str, Any]]:
 def _checked_row(table: str, r: Any) -> dict[str, Any]:
     if not isinstance(r, dict):
         raise ExtensionError(f"table {table!r}: a row is a dict; got {type(r).__name__}")
+    if all(type(k) is str for k in r):
+        return r  # _add copies it
     return {str(k): v for k, v in r.items()}
 
 
@@ -327,10 +335,15 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
     import pyarrow as pa
 
     with state.internal():
-        names: dict[str, None] = dict.fromkeys(c for c in first if any(c in r for r in rows))
-        for r in rows:
-            for k in r:
-                names.setdefault(k, None)
+        keys0 = rows[0].keys() if rows else {}.keys()
+        if all(r.keys() == keys0 for r in rows):  # the common case: every row has the same columns
+            names: dict[str, None] = dict.fromkeys(c for c in first if c in keys0)
+            names.update(dict.fromkeys(keys0))
+        else:
+            names = dict.fromkeys(c for c in first if any(c in r for r in rows))
+            for r in rows:
+                for k in r:
+                    names.setdefault(k, None)
         cols = []
         for c in names:
             vals = [r.get(c) for r in rows]
@@ -412,12 +425,16 @@ def call_guarded(what: str, fn: Callable[..., Any], src: Any, *args: Any, **kw: 
     """Call a user function; a raise is reported (once on stderr, a python.errors row) and
     counted on ``src`` (``failures`` / ``off``: after :data:`MAX_FAILURES` it is switched off).
     Returns ``_FAILED`` when it raised."""
+    local = state.local
+    saved = local.depth
+    local.depth = state.INTERNAL
     try:
-        with state.internal():
-            return fn(*args, **kw)
+        return fn(*args, **kw)
     except Exception as e:
         note_failure(what, src, e)
         return _FAILED
+    finally:
+        local.depth = saved
 
 
 _FAILED = object()
@@ -454,7 +471,7 @@ def sample(reason: str = "demand") -> None:
         todo = [s for s in sources.values() if not s.off]
     std = _std()  # one time and step for the whole sample
     for s in todo:
-        what = f"{s.kind} {s.name!r}"
+        what = s.what
         got = call_guarded(what, s.fn, s)
         if got is _FAILED:
             continue
@@ -464,7 +481,11 @@ def sample(reason: str = "demand") -> None:
             except (TypeError, ValueError) as e:
                 note_failure(what, s, e)
                 continue
-            _add("metrics", [{"name": s.name, "value": value}], std)
+            row = dict(std)
+            row["name"] = s.name
+            row["value"] = value
+            with _lock:
+                pending.setdefault("metrics", []).append(row)
         else:
             try:
                 rows = _rows_of(s.name, got)
@@ -522,7 +543,8 @@ def _activate() -> None:
 
 def _after_fork() -> None:
     """A forked child: its parent's unwritten rows and open shards are not its own."""
-    global _flusher, _write_lock, _lock
+    global _flusher, _write_lock, _lock, _pid
+    _pid = None
     _flusher = None  # the next record or stop starts or needs none
     _lock = threading.RLock()  # another thread may have held them at the fork
     _write_lock = threading.Lock()
