@@ -24,6 +24,7 @@ MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
 DUMP_FULL = ("wait", "skip")
 BUFFER_FULL = ("wait", "drop")
+DUMP_CODECS = ("npy", "zstd", "sparse", "int8", "fp16", "bf16")  # pprobe.codecs.BUILTIN
 FRAMEWORKS = ("numpy", "torch")
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
@@ -83,6 +84,17 @@ def _subset(allowed: tuple[str, ...]) -> Callable[[str, Any], tuple[str, ...]]:
         return _choices(allowed)(name, v)
 
     return parse
+
+
+def _codec(name: str, v: Any) -> str:
+    """A dump codec: a built-in one, or a name a program may register (pprobe.codecs)."""
+    s = str(v).strip().lower()
+    if not re.fullmatch(r"[a-z0-9_]{1,32}", s):
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: {', '.join(DUMP_CODECS)} or a codec "
+            "registered with pprobe.codecs.register"
+        )
+    return s
 
 
 def _list(name: str, v: Any) -> tuple[str, ...]:
@@ -316,6 +328,15 @@ SETTINGS: tuple[Setting, ...] = (
         "is kept) or skip (that dump is not written; its row says why).",
     ),
     Setting(
+        "dump_codec",
+        "PPROBE_DUMP_CODEC",
+        "npy",
+        _codec,
+        "How dumps are stored: npy (plain .npy files), zstd (lossless), sparse (lossless COO "
+        "when sparse), int8, fp16, bf16 (lossy, max error in the row) or a codec registered "
+        "with pprobe.codecs.register. See docs/codecs.md.",
+    ),
+    Setting(
         "include",
         "PPROBE_INCLUDE",
         (),
@@ -529,6 +550,7 @@ class Config:
     budget: int = 1024**3
     dump_queue: int = 32 * 1024**2
     dump_full: str = "wait"
+    dump_codec: str = "npy"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     every: int = 1

@@ -76,8 +76,11 @@ def _safe_arg(s: str) -> str:
     return _UNSAFE.sub("_", s)
 
 
-def file_name(op: str, which: str, prefix: str) -> str:
-    """``op_{op}_{which}_{prefix}.npy`` with every part sanitised; cut with a hash if long."""
+def file_name(op: str, which: str, prefix: str, codec: str = "npy") -> str:
+    """``op_{op}_{which}_{prefix}.npy`` with every part sanitised; cut with a hash if long.
+    Another codec than npy appends its name: ``....npy.zstd`` (pprobe.codecs)."""
+    if codec != "npy":
+        return file_name(op, which, prefix) + "." + codec
     name = (
         f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_{_safe_arg(prefix)}.npy"
     )
@@ -143,7 +146,10 @@ class PyQueue:
     written = _Count(6)
     max = _Count(7)
 
-    def __init__(self) -> None:
+    def __init__(self, codec: str = "npy") -> None:
+        #: The codec the writer thread encodes with (pprobe.codecs); npy writes the bytes as
+        #: they were queued (the .npy header and the array's bytes).
+        self.codec = codec
         self._reset()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._reset)
@@ -155,6 +161,8 @@ class PyQueue:
         self._n = array("q", [0] * 8)  # the _Count attributes
         self.max = old[7] if old is not None else 1  # a forked child keeps the queue's size
         self.fails: list = []
+        self.infos: list = []  # (name, codec, max_abs_error, bytes) of each encoded dump
+        self._first: dict[str, tuple] = {}  # encoded file name -> its info, for its links
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.dirfd = getattr(self, "dirfd", -1)
@@ -169,15 +177,24 @@ class PyQueue:
     def submit(self, name: str, header: bytes, data: Any, link: str | None, wait: bool) -> bool:
         if not name or "/" in name or (link is not None and "/" in link):
             raise ValueError("a dump name is one non-empty path component")
-        payload = b"" if link is not None else header + (b"" if data is None else data.tobytes())
+        payload: Any
+        if link is not None:
+            payload, size = b"", 0
+        elif self.codec != "npy" and data is not None:
+            # a copy of the values: the writer thread encodes it (never the program's thread)
+            payload = data.copy(order="C")
+            size = len(header) + int(payload.nbytes)
+        else:
+            payload = header + (b"" if data is None else data.tobytes())
+            size = len(payload)
         with self.cond:
-            if not self._room(len(payload)):
+            if not self._room(size):
                 if not wait:
                     return False
-                while not self._room(len(payload)) and self._alive():
+                while not self._room(size) and self._alive():
                     self.cond.wait(0.1)
-            self.jobs.append((name, link, payload))
-            self.queued += len(payload)
+            self.jobs.append((name, link, payload, size))
+            self.queued += size
             self.submitted += 1
             if not self._alive():
                 self.stopping = False
@@ -199,18 +216,28 @@ class PyQueue:
                     self.cond.wait()
                 if not self.jobs:
                     return
-                name, link, payload = self.jobs[0]
+                name, link, payload, size = self.jobs[0]
             err = None
+            info = None
             try:
                 if link is not None:
                     os.link(link, name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
+                    info = self._first.get(link)
                 else:
+                    if not isinstance(payload, bytes):
+                        payload, info = self._encode(payload)
                     _write_file(self.dirfd, name, payload)
             except OSError as e:
                 err = e
             with self.cond:
                 self.jobs.popleft()
-                self.queued -= len(payload)
+                self.queued -= size
+                if info is not None and err is None:
+                    if link is None:
+                        if len(self._first) >= 1 << 16:
+                            self._first.clear()
+                        self._first[name] = info
+                    self.infos.append((name, *info))
                 self.completed += 1
                 if err is not None:
                     self.failed += 1
@@ -221,6 +248,26 @@ class PyQueue:
                     self.files += 1
                     self.written += len(payload)
                 self.cond.notify_all()
+
+    def _encode(self, a: Any) -> tuple[bytes, tuple]:
+        """The dump's file bytes and (codec, max_abs_error, bytes), on the writer thread."""
+        from . import codecs
+
+        try:
+            blob, info = codecs.encode(self.codec, a)
+        except Exception as e:  # an unknown codec (not registered in this process), a bug
+            _report.warn_once(
+                "codec",
+                f"dump codec {self.codec!r} failed ({type(e).__name__}: {e}); "
+                "dumps are written as plain .npy",
+            )
+            blob, info = codecs.encode("npy", a)
+        return blob, (info["codec"], info["max_abs_error"], info["bytes"])
+
+    def codec_infos(self) -> list:
+        with self.cond:
+            out, self.infos = self.infos, []
+        return out
 
     def ticket(self) -> int:
         return self.submitted
@@ -320,7 +367,12 @@ class Dumper:
     errors = _Count(5)
 
     def __init__(
-        self, run_dir: str, budget: int, queue_bytes: int = 32 << 20, when_full: str = "wait"
+        self,
+        run_dir: str,
+        budget: int,
+        queue_bytes: int = 32 << 20,
+        when_full: str = "wait",
+        codec: str = "npy",
     ) -> None:
         self.run_dir = run_dir
         self.budget = budget
@@ -331,7 +383,12 @@ class Dumper:
         self.queue_bytes = queue_bytes
         self.wait_when_full = when_full != "skip"
         self.lock = threading.Lock()
-        self.io, self.engine = _io()
+        self.codec = codec
+        if codec == "npy":
+            self.io, self.engine = _io()
+        else:  # the native writer writes .npy only; encoding runs on the Python writer thread
+            self.io, self.engine = PyQueue(codec), "python"
+        self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
         self.dirfd = -1
         self.failed: dict[str, str] = {}  # file name -> why it was not written
         self.disk_full = ""  # why dumping stopped after a write failed for lack of space
@@ -429,8 +486,9 @@ class Dumper:
 
     def _dump(self, a: Any, op: str, which: str, prefix: str) -> tuple[str | None, str | None]:
         self._open()
-        name = file_name(op, which, prefix)
+        name = file_name(op, which, prefix, self.codec)
         header = self._header(a)
+        orig = a
         if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
             a = a.view("i8")
         digest = self.io.digest(a) if a.nbytes >= 64 else None
@@ -457,7 +515,8 @@ class Dumper:
         if first is not None:
             ok = self.io.submit(name, b"", None, first, self.wait_when_full)
         else:
-            ok = self.io.submit(name, header, a, None, self.wait_when_full)
+            ok = self.io.submit(name, header, a if self.codec == "npy" else orig, None,
+                                self.wait_when_full)  # fmt: skip
         if not ok:
             with self.lock:
                 if first is None:
@@ -471,6 +530,13 @@ class Dumper:
         return name, None
 
     # ------------------------------------------------------------------ the log's side
+    def codec_info(self, name: str) -> tuple | None:
+        """(codec, max_abs_error, bytes on disk) of a written dump; None for a .npy dump (the
+        default codec) or one not written yet (call :meth:`barrier` first)."""
+        if self.codec == "npy":
+            return ("npy", 0.0, None)
+        return self.infos.pop(name, None)
+
     def barrier(self, timeout: float = 60.0) -> dict[str, str]:
         """Wait until every dump queued so far is written (the log writer calls this before it
         writes a batch whose rows may point to them); return the names that failed, with why."""
@@ -483,6 +549,11 @@ class Dumper:
         return self.failed
 
     def _collect(self) -> None:
+        if self.codec != "npy":
+            if len(self.infos) >= 1 << 16:  # rows that never came (dropped): bounded memory
+                self.infos.clear()
+            for name, *info in self.io.codec_infos():
+                self.infos[name] = tuple(info)
         for name, code, msg in self.io.failures():
             self.failed[name] = f"not dumped: {msg}"
             if code in _DISK_FULL and not self.disk_full:
@@ -514,4 +585,5 @@ class Dumper:
             "exhausted": exhausted,
             "failed": bool(self.errors),
             "writer": self.engine,
+            "codec": self.codec,
         }

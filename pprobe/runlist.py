@@ -112,7 +112,7 @@ def dumps_on_disk(run_dir: str) -> dict[str, int]:
     except OSError:
         return {"files": 0, "links": 0, "bytes": 0}
     for e in entries:
-        if not e.name.endswith(".npy") or e.name.startswith("."):
+        if not (e.name.endswith(".npy") or ".npy." in e.name) or e.name.startswith("."):
             continue
         try:
             st = e.stat(follow_symlinks=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: tensors.dump_codec, dump_max_abs_error, dump_bytes
 
 OPS = pa.schema(
     [
@@ -55,6 +55,10 @@ TENSORS = pa.schema(
         ("inf_count", pa.int64()),
         ("dump_path", pa.string()),
         ("note", pa.string()),
+        # how the dump is stored (pprobe.codecs; NULL in shards of version 1: plain .npy)
+        ("dump_codec", pa.string()),
+        ("dump_max_abs_error", pa.float64()),
+        ("dump_bytes", pa.int64()),
     ]
 )
 

@@ -40,7 +40,9 @@ class Session:
         self.run = Run.create_or_join(config)
         self.config = config = self.run.config if not self.run.root else config
         self.dumper = (
-            Dumper(self.run.dir, config.budget, config.dump_queue, config.dump_full)
+            Dumper(
+                self.run.dir, config.budget, config.dump_queue, config.dump_full, config.dump_codec
+            )
             if config.mode == "dump"
             else None
         )

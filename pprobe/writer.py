@@ -334,6 +334,7 @@ class Writer:
                 if paths[d] in failed:  # the dump writer could not write it
                     notes[d] = failed[paths[d]]
                     paths[d] = None
+        codec_cols = self._codec_columns(pa, np, dumper, paths, with_path, m)
         has_stats = stats_kind != records.STATS_NONE
         grad = ds["grad"]
         t_cols = [
@@ -350,9 +351,37 @@ class Writer:
             *(_ints(pa, np, cols[f], pa.int64(), cols[f] >= 0) for f in ("nan", "inf")),
             _texts(pa, np, paths),
             _texts(pa, np, notes),
+            *codec_cols,
         ]
         tensors = pa.RecordBatch.from_arrays(t_cols, schema=schema.TENSORS.with_metadata(meta))
         return ops_batch, tensors
+
+    def _codec_columns(
+        self, pa: Any, np: Any, dumper: Any, paths: list, with_path: list, m: int
+    ) -> tuple:
+        """dump_codec, dump_max_abs_error, dump_bytes of the rows that point to a dump (the
+        dump writer has written them: barrier)."""
+        codec: list = [None] * m
+        err = np.zeros(m)
+        size = np.zeros(m, dtype=np.int64)
+        has_err = np.zeros(m, dtype=bool)
+        has_size = np.zeros(m, dtype=bool)
+        if dumper is not None:
+            for d in with_path:
+                p = paths[d]
+                info = dumper.codec_info(p) if p is not None else None
+                if info is None:
+                    continue
+                codec[d] = info[0]
+                if info[1] is not None:
+                    err[d], has_err[d] = info[1], True
+                if info[2] is not None:
+                    size[d], has_size[d] = info[2], True
+        return (
+            _texts(pa, np, codec),
+            _floats(pa, np, err, has_err),
+            _ints(pa, np, size, pa.int64(), has_size),
+        )
 
     def _args(self, refs: Any, objs: list) -> list:
         """The args column: each call's (name, value) pairs as text (values.arg_text), made
