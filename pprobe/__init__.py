@@ -139,7 +139,9 @@ def load(
     """
     if isinstance(run, bool):  # load(path, True): the former signature load(path, torch)
         run, torch = None, run
-    if not isinstance(what, str) or not (what.endswith(".npy") or "/" in what or _isfile(what)):
+    if not isinstance(what, str) or not (
+        what.endswith(".npy") or ".npy." in what or "/" in what or _isfile(what)
+    ):
         from . import callview as _show
 
         return _show.load(what, run, role=role, idx=idx, pid=pid, torch=torch)
@@ -198,10 +200,12 @@ def _load_file(path: str, torch: bool | None = None) -> Any:
     """
     import os
 
-    import numpy as np
+    from .codecs import load as _load_dump  # a .npy file, or another codec's (its header says)
 
-    arr = np.load(path, allow_pickle=False)
+    arr = _load_dump(path)
     stem = os.path.basename(path)
+    if ".npy." in stem:  # op_..._{pid}-{seq}.npy.zstd: stored with a codec (docs/codecs.md)
+        stem = stem[: stem.rindex(".npy.") + 4]
     stem = stem[:-4] if stem.endswith(".npy") else stem
     head, _, tag = stem.rpartition(".")
     tagged = bool(head) and tag.replace("_", "").isalnum() and "-" in head.rsplit("_", 1)[-1]

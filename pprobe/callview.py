@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _PREFIX = re.compile(r"^(\d+)-(\d+)$")
-_DUMP_NAME = re.compile(r"_(\d+)-(\d+)(?:\.[A-Za-z0-9_]+)?\.npy$")
+_DUMP_NAME = re.compile(r"_(\d+)-(\d+)(?:\.[A-Za-z0-9_]+)?\.npy(?:\.[a-z0-9_]+)?$")
 #: Values shown in an array's one-line summary.
 FEW = 6
 

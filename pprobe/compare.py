@@ -80,6 +80,8 @@ class Tensor:
     nan: int | None
     inf: int | None
     dump: str | None  # absolute path, where the file exists
+    codec: str | None = None  # how the dump is stored (pprobe.codecs)
+    codec_error: float = 0.0  # the max abs error its codec introduced (0: lossless)
 
     @property
     def numel(self) -> int | None:
@@ -172,7 +174,7 @@ def load_run(run_dir: str) -> Run:
         )
         _, tens = run_sql(
             "SELECT pid, seq, role, idx, shape, dtype, min, max, mean, std, nan_count, "
-            "inf_count, dump_path FROM tensors",
+            "inf_count, dump_path, dump_codec, dump_max_abs_error FROM tensors",
             run_dir,
         )
     except QueryError as e:
@@ -183,7 +185,7 @@ def load_run(run_dir: str) -> Run:
         by_key[(pid, seq)] = Op(pid, seq, rank, op, module, step, caller, fn, ts)
         if ranks.get(pid) is None:
             ranks[pid] = rank
-    for pid, seq, role, idx, shape, dtype, mn, mx, mean, std, nan, inf, dump in tens:
+    for pid, seq, role, idx, shape, dtype, mn, mx, mean, std, nan, inf, dump, codec, err in tens:
         o = by_key.get((pid, seq))
         if o is None:
             continue
@@ -197,6 +199,8 @@ def load_run(run_dir: str) -> Run:
             nan,
             inf,
             path,
+            codec,
+            float(err) if err is not None and math.isfinite(err) else 0.0,
         )
     roles = _roles(run_dir, ranks)
     groups: dict[str, list[Op]] = defaultdict(list)
@@ -470,6 +474,9 @@ class TensorResult:
     verdict: str = cm.PASS
     reason: str = ""
     diff: bool = False
+    #: The sum of the two dumps' codec errors, added to atol (docs/codecs.md); 0: lossless.
+    codec_bound: float = 0.0
+    codecs: str = ""  # the lossy codecs behind codec_bound ("int8", "int8+bf16")
 
 
 @dataclass
@@ -546,10 +553,14 @@ def _judge(tr: TensorResult) -> None:
         tr.source = "meta"
         tr.diff = dtype_diff
     tr.verdict = cm.verdict_of(tr.ratio, wf)
+    bounded = tr.source == "dump" and tr.codec_bound > 0
     if tr.verdict != cm.PASS:
-        tr.reason = f"error {_g(tr.ratio)}x the tolerance (rtol {_g(tr.rtol)}, atol {_g(tr.atol)})"
+        tr.reason = f"error {_g(tr.ratio)}x the tolerance (rtol {_g(tr.rtol)}, atol {_g(tr.atol)}"
+        tr.reason += f" + codec bound {_g(tr.codec_bound)} ({tr.codecs}))" if bounded else ")"
     elif dtype_diff:
         tr.reason = "dtype differs"
+    elif bounded and tr.diff:
+        tr.reason = f"within the {tr.codecs} codec bound {_g(tr.codec_bound)}"
 
 
 def _g(x: float | None) -> str:
@@ -604,8 +615,16 @@ def measure(
     def run(tr: TensorResult) -> None:
         assert tr.a is not None and tr.b is not None and tr.a.dump and tr.b.dump
         assert tr.rtol is not None and tr.atol is not None
+        # A lossy codec moved each stored value by at most its max_abs_error: two values
+        # within the sum of those bounds (plus the tolerance) may have been equal.
+        tr.codec_bound = tr.a.codec_error + tr.b.codec_error
+        tr.codecs = "+".join(
+            dict.fromkeys(t.codec for t in (tr.a, tr.b) if t.codec and t.codec_error > 0)
+        )
         try:
-            tr.el = cm.compare_files(tr.a.dump, tr.b.dump, tr.rtol, tr.atol, tr.a.dtype, tr.b.dtype)
+            tr.el = cm.compare_files(
+                tr.a.dump, tr.b.dump, tr.rtol, tr.atol + tr.codec_bound, tr.a.dtype, tr.b.dtype
+            )
         except (OSError, ValueError):
             tr.el = None
         if tr.el is None and tr.a.stats.get("min") is not None:
@@ -742,6 +761,7 @@ class Comparison:
                 c["diff"] += r.diff
             c["tensors"] += len(r.tensors)
             c["dump_bytes"] += sum(t.el.bytes_read for t in r.tensors if t.el is not None)
+            c["codec_bounded"] += sum(t.el is not None and t.codec_bound > 0 for t in r.tensors)
         return {
             k: c[k]
             for k in (
@@ -757,6 +777,7 @@ class Comparison:
                 "diff",
                 "tensors",
                 "dump_bytes",
+                "codec_bounded",
             )
         }
 
@@ -848,6 +869,8 @@ COLUMNS: list[tuple[str, str]] = [
     ("error_ratio", "float64"),
     ("rtol", "float64"),
     ("atol", "float64"),
+    ("codec_bound", "float64"),
+    ("codecs", "string"),
     ("identical", "bool"),
     ("dump_a", "string"),
     ("dump_b", "string"),
@@ -916,6 +939,8 @@ def rows(c: Comparison) -> Iterable[dict[str, Any]]:
                 error_ratio=t.ratio,
                 rtol=t.rtol,
                 atol=t.atol,
+                codec_bound=t.codec_bound if t.el is not None and t.codec_bound > 0 else None,
+                codecs=t.codecs or None,
                 identical=None if t.source == "missing" else not t.diff,
                 dump_a=t.a.dump if t.a else None,
                 dump_b=t.b.dump if t.b else None,

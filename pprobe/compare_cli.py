@@ -313,6 +313,11 @@ def _summary_lines(c: Comparison) -> tuple[list[str], list[str]]:
         f"{n['pass']} pass, {n['warn']} warn, {n['fail']} fail; {n['tensors']} tensors, "
         f"{n['dump_bytes'] / 1e6:.1f} MB of dumps compared in {c.seconds:.2f} s",
     ]
+    if n["codec_bounded"]:
+        head.append(
+            f"{n['codec_bounded']} tensor pairs compared within a lossy codec's error bound "
+            "(dumps stored with PPROBE_DUMP_CODEC; see the codec_bound column)"
+        )
     first: list[str] = []
     f = c.first
     if f is not None and f.pair.a is not None:

@@ -201,8 +201,11 @@ def _decode(x: np.ndarray, dtype: str | None, out: np.ndarray) -> np.ndarray:
 
 
 def load(path: str) -> np.ndarray:
-    """A dump, memory-mapped (its pages are read as the chunks are)."""
-    return np.load(path, mmap_mode="r", allow_pickle=False)
+    """A dump, memory-mapped (its pages are read as the chunks are); a dump stored with
+    another codec than npy is decoded into memory (pprobe.codecs)."""
+    from .codecs import load as load_dump
+
+    return load_dump(path, mmap=True)
 
 
 def compare_arrays(

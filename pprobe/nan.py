@@ -305,8 +305,10 @@ def is_mask(call: Call, run_dir: str | None) -> bool:
     try:
         import numpy as np
 
+        from .codecs import load as load_dump
+
         for path in call.in_dumps:
-            a = np.load(os.path.join(run_dir, path), mmap_mode="r", allow_pickle=False)
+            a = load_dump(os.path.join(run_dir, path), mmap=True)
             if not bool(np.all((a == 0) | (a == 1))):
                 return False
     except (OSError, ValueError, TypeError):
