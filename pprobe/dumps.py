@@ -388,6 +388,9 @@ class Dumper:
             self.io, self.engine = _io()
         else:  # the native writer writes .npy only; encoding runs on the Python writer thread
             self.io, self.engine = PyQueue(codec), "python"
+            native, _ = _io()
+            if isinstance(native, NativeQueue):  # its content hash, without the GIL
+                self.io.digest = native.digest  # type: ignore[method-assign]
         self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
         self.dirfd = -1
         self.failed: dict[str, str] = {}  # file name -> why it was not written
@@ -405,6 +408,7 @@ class Dumper:
         self.lock = threading.Lock()
         self._reset()
         self.failed = {}
+        self.infos = {}
         self.disk_full = ""
 
     def _open(self) -> bool:
