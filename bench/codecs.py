@@ -8,9 +8,11 @@ python -m bench.codecs [--steps 30] [--rounds 3] [--no-e2e] [--format json]
 2. Every codec encodes and decodes the whole corpus in this process, ``--rounds`` times; the
    figure is the best round (MB/s of raw array bytes, one thread). The same for one 16 MB
    float32 array (a ReLU output: half zeros), where per-call costs vanish.
-3. End to end (unless ``--no-e2e``): the MLP runs under the probe with each codec (npy with the
-   native and the Python dump writer), rounds interleaved; the median wall time of the
-   program (start to exit, dumps written) and the dump bytes on disk of its run.
+3. End to end (unless ``--no-e2e``): the MLP runs under the probe with each codec, rounds
+   interleaved; the median wall time of the program (start to exit, dumps written) and the
+   dump bytes on disk of its run. npy runs twice: with the native engines, and with
+   PPROBE_CORE=python (the Python recording engine and dump writer, as a reference for the
+   Python writer thread that the other codecs use beside the native recording engine).
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def in_process(arrays: list[Any], rounds: int) -> list[dict[str, Any]]:
 def end_to_end(steps: int, rounds: int, tmp: Path) -> list[dict[str, Any]]:
     variants = [
         ("npy (native writer)", {"PPROBE_DUMP_CODEC": "npy"}),
-        ("npy (python writer)", {"PPROBE_DUMP_CODEC": "npy", "PPROBE_CORE": "python"}),
+        ("npy (PPROBE_CORE=python)", {"PPROBE_DUMP_CODEC": "npy", "PPROBE_CORE": "python"}),
     ]
     variants += [(c, {"PPROBE_DUMP_CODEC": c}) for c in CODECS[1:]]  # fmt: skip
     times: dict[str, list[float]] = {v: [] for v, _ in variants}
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if "end_to_end" in res:
         print(f"\nend to end (median of {a.rounds} rounds; program wall time, dumps on disk):")
         for r in res["end_to_end"]:
-            print(f"{r['variant']:22} {r['wall_s']:>7.2f} s {r['disk_bytes']:>10} bytes  "
+            print(f"{r['variant']:25} {r['wall_s']:>7.2f} s {r['disk_bytes']:>10} bytes  "
                   f"dump writer: {r['dump_writer']}")  # fmt: skip
     return 0
 
