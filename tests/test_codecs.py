@@ -423,3 +423,27 @@ def test_an_unknown_codec_falls_back_to_npy_with_a_warning(tmp_path: Path) -> No
     row = _output(r.run_dir, "numpy.tanh")
     assert row["dump_codec"] == "npy" and row["dump_path"].endswith(".npy.nosuch")
     np.testing.assert_array_equal(np.load(r.run_dir / row["dump_path"]), _expected()["y"])
+
+
+def test_a_run_of_schema_version_1_reads_null_codec_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from pprobe import schema
+    from pprobe.query import run_sql
+
+    new = ("dump_codec", "dump_max_abs_error", "dump_bytes")
+    old = pa.schema([f for f in schema.TENSORS if f.name not in new])
+    assert "dump_codec" not in old.names and "dump_path" in old.names
+    (tmp_path / "log").mkdir()
+    cols = [pa.nulls(1, f.type) for f in old]
+    cols[old.get_field_index("seq")] = pa.array([3], pa.int64())
+    cols[old.get_field_index("dump_path")] = pa.array(["op_numpy.add_output_1-3.npy"])
+    batch = pa.RecordBatch.from_arrays(cols, schema=old)
+    with pa.OSFile(str(tmp_path / "log" / "tensors-h-1.arrows"), "wb") as f:
+        with pa.ipc.new_stream(f, old.with_metadata({"pprobe.schema_version": "1"})) as w:
+            w.write_batch(batch)
+    names, rows = run_sql(
+        "SELECT seq, dump_path, dump_codec, dump_max_abs_error, dump_bytes FROM tensors",
+        str(tmp_path),
+    )
+    assert rows == [(3, "op_numpy.add_output_1-3.npy", None, None, None)]
