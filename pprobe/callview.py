@@ -158,6 +158,10 @@ class Call:
             sub = []
             if a.get("dump_path"):
                 sub.append(("dump", os.path.join(self.run_dir, a["dump_path"])))
+                codec = a.get("dump_codec")
+                if codec and codec != "npy":  # stored with a codec (docs/codecs.md)
+                    err = a.get("dump_max_abs_error")
+                    sub.append(("codec", codec + (f", max abs error {err:.3g}" if err else "")))
             if a.get("note"):
                 sub.append(("note", str(a["note"])))
             if sub:

@@ -367,6 +367,11 @@ def test_an_int8_run_against_the_npy_run(tmp_path: Path) -> None:
     assert "within a lossy codec's error bound" in text
     # the bound matters: without it the int8 values diverge from the float32 ones
     row = _output(q, "numpy.tanh")
+    shown = subprocess.run(
+        [sys.executable, "-m", "pprobe", "show", str(row["seq"]), "--run", str(q)],
+        capture_output=True, text=True, env=clean_env(), timeout=120,
+    ).stdout  # fmt: skip
+    assert f"int8, max abs error {row['dump_max_abs_error']:.3g}" in shown
     a = np.load(ref / _output(ref, "numpy.tanh")["dump_path"])
     b = pprobe.load(str(q / row["dump_path"]))
     rtol, atol = cm.dtype_tolerance("float32")
