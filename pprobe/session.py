@@ -81,6 +81,12 @@ class Session:
         s.run.coverage["frameworks"] = {}
         for fw in s.config.frameworks:
             s._watch(fw)
+        try:  # Lightning, transformers, Accelerate: patched when the program imports them
+            from . import integrations
+
+            integrations.watch()
+        except Exception as e:
+            _report.internal_error("watching for framework integrations", e)
         s.write_meta()
         if s.config.plugins:  # PPROBE_PLUGINS (pprobe.ext.plugins): one line per failure
             from .ext import plugins
