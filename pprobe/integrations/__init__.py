@@ -31,6 +31,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 WATCHED = {
     "lightning.pytorch": "pprobe.integrations.lightning",
     "pytorch_lightning": "pprobe.integrations.lightning",
+    # the modules that define the classes patched: ``import transformers`` alone (lazy) does
+    # not import its Trainer, and pprobe does not either
+    "transformers.trainer": "pprobe.integrations.transformers",
 }
 
 #: framework module -> what its install() returned (installed once per process).
