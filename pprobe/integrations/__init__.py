@@ -34,6 +34,7 @@ WATCHED = {
     # the modules that define the classes patched: ``import transformers`` alone (lazy) does
     # not import its Trainer, and pprobe does not either
     "transformers.trainer": "pprobe.integrations.transformers",
+    "accelerate.accelerator": "pprobe.integrations.accelerate",
 }
 
 #: framework module -> what its install() returned (installed once per process).
