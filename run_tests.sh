@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 
-echo "== installing pprobe (editable) with its test tools, and torch==2.13.0 (CPU)"
-# torch is pinned: a bare 'torch' would make pip download the CUDA build (GBs).
-"$PY" -m pip install -q --disable-pip-version-check -e ".[dev]" "torch==2.13.0"
+echo "== installing pprobe (editable) with its test tools, torch==2.13.0 (CPU) and the frameworks"
+# torch is pinned: a bare 'torch' would make pip download the CUDA build (GBs). lightning,
+# transformers and accelerate (tests/test_integrations.py) sit next to the pin, so that pip
+# resolves them against torch 2.13.0 and never replaces it.
+"$PY" -m pip install -q --disable-pip-version-check -e ".[dev]" "torch==2.13.0" lightning transformers accelerate
 
 echo "== ruff"
 "$PY" -m ruff check pprobe bootstrap tests bench examples tools
