@@ -314,10 +314,21 @@ def test_record_metrics_rows_carry_the_given_step() -> None:
     assert [(x["name"], x["value"], x["step"]) for x in rows] == [("loss", 0.5, 7), ("lr", 0.1, 7)]
 
 
-def test_guarded_reports_once_and_returns_none(capsys: pytest.CaptureFixture[str]) -> None:
+def test_guarded_reports_once_and_returns_none(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pprobe import _report
 
     calls = []
+    monkeypatch.setattr(integrations, "_session", lambda: None)
+
+    @integrations.guarded("an inert callback")
+    def inert() -> int:
+        calls.append(0)
+        return 1
+
+    assert inert() is None and calls == []  # no session (pprobe.disable()): nothing runs
+    monkeypatch.setattr(integrations, "_session", lambda: "a session")
 
     @integrations.guarded("a test callback")
     def body(x: int) -> int:
@@ -341,8 +352,11 @@ def test_watch_without_a_session_installs_nothing(monkeypatch: pytest.MonkeyPatc
     assert integrations.installed == {}
 
 
-def test_lightning_callback_survives_a_failing_body_and_pickles() -> None:
+def test_lightning_callback_survives_a_failing_body_and_pickles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     pytest.importorskip("lightning.pytorch")
+    monkeypatch.setattr(integrations, "_session", lambda: "a session")
     from pprobe.integrations import lightning as integ
 
     cls = integ.callback_class("lightning.pytorch")

@@ -92,13 +92,16 @@ def _internal(where: str, exc: BaseException) -> None:
 
 def guarded(what: str) -> Callable[[F], F]:
     """A callback body that never raises: a failure is reported once per ``what`` and kind,
-    and the call returns None. pprobe's own work inside is not recorded as ops."""
+    and the call returns None. pprobe's own work inside is not recorded as ops. Without an
+    active session (after ``pprobe.disable()``) it does nothing: the patches stay, inert."""
 
     def deco(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Any:
             from .. import state
 
+            if _session() is None:
+                return None
             try:
                 with state.internal():
                     return fn(*args, **kw)
