@@ -73,3 +73,20 @@ else
   echo
   echo "== torch is not installed: skipping examples/torch_mlp.py (pip install torch==2.13.0)"
 fi
+
+if "$PY" -c "import lightning.pytorch" 2>/dev/null || "$PY" -c "import pytorch_lightning" 2>/dev/null; then
+  echo
+  echo "== examples/lightning_run.py: an unchanged Lightning run; the hook of examples/lightning_plugin.py"
+  echo "   is called at Lightning's boundaries (docs/integrations.md)"
+  PYTHONPATH=bootstrap:examples PPROBE_PLUGINS=lightning_plugin PPROBE_MODE=log PYTHONWARNINGS=ignore \
+    "$PY" examples/lightning_run.py 2>/dev/null
+  echo "-- the op rows carry Lightning's global step (steps 3, 6: validation after each epoch)"
+  "$PY" -m pprobe query "SELECT step, count(*) AS ops FROM ops WHERE framework = 'torch'
+                         GROUP BY step ORDER BY step LIMIT 7"
+  echo "-- the hook's rows: each epoch's trainer.callback_metrics"
+  "$PY" -m pprobe query "SELECT epoch, steps, round(train_loss_epoch, 4) AS train_loss,
+                         round(val_loss, 4) AS val_loss FROM python.epochs ORDER BY epoch"
+else
+  echo
+  echo "== lightning is not installed: skipping examples/lightning_run.py (pip install lightning)"
+fi
