@@ -26,6 +26,7 @@ DUMP_FULL = ("wait", "skip")
 BUFFER_FULL = ("wait", "drop")
 DUMP_CODECS = ("npy", "zstd", "sparse", "int8", "fp16", "bf16")  # pprobe.codecs.BUILTIN
 FRAMEWORKS = ("numpy", "torch")
+INTEGRATIONS = ("lightning", "transformers", "accelerate")  # pprobe/integrations/
 TORCH_LEVELS = ("api", "aten", "module")
 TORCH_PARAMS = ("params", "grads")
 SUMMARY_LINE = ("auto", "on", "off")
@@ -391,6 +392,15 @@ SETTINGS: tuple[Setting, ...] = (
         "Which frameworks to probe when the program imports them.",
     ),
     Setting(
+        "integrations",
+        "PPROBE_INTEGRATIONS",
+        INTEGRATIONS,
+        _subset(INTEGRATIONS),
+        "Training frameworks whose boundaries and logged metrics pprobe follows when the "
+        "program imports them (docs/integrations.md): lightning, transformers, accelerate; "
+        "empty: none.",
+    ),
+    Setting(
         "coverage",
         "PPROBE_COVERAGE",
         "auto",
@@ -559,6 +569,7 @@ class Config:
     dtypes: tuple[str, ...] = ()
     nested: bool = False
     frameworks: tuple[str, ...] = FRAMEWORKS
+    integrations: tuple[str, ...] = INTEGRATIONS
     coverage: str = "auto"
     torch_levels: tuple[str, ...] = ("api",)
     torch_params: tuple[str, ...] = ()
@@ -592,6 +603,7 @@ class Config:
             "exclude",
             "dtypes",
             "frameworks",
+            "integrations",
             "torch_levels",
             "torch_params",
             "nan_allow",

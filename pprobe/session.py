@@ -84,7 +84,7 @@ class Session:
         try:  # Lightning, transformers, Accelerate: patched when the program imports them
             from . import integrations
 
-            integrations.watch()
+            integrations.watch(s.config.integrations)
         except Exception as e:
             _report.internal_error("watching for framework integrations", e)
         s.write_meta()

@@ -367,3 +367,49 @@ def test_lightning_callback_survives_a_failing_body_and_pickles(
     # ddp_spawn pickles the Trainer with its callbacks
     again = pickle.loads(pickle.dumps(cb))
     assert type(again) is cls and again.state_key == "pprobe"
+
+
+# ---------------------------------------------------------------------- the setting
+FAKE_LIGHTNING = {
+    "pytorch_lightning/__init__.py": """
+        __version__ = "0.fake"
+
+        class Trainer:
+            def __init__(self, callbacks=None):
+                self.callbacks = list(callbacks or [])
+        """,
+    "pytorch_lightning/callbacks.py": "class Callback:\n    pass\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [(None, ["PLCallback"]), ("transformers,accelerate", []), ("", [])],
+)
+def test_integrations_setting_picks_the_frameworks(
+    tmp_path: Path, setting: str | None, expected: list[str]
+) -> None:
+    # a stand-in package of the same name: the watch and the setting, without the framework
+    for name, text in FAKE_LIGHTNING.items():
+        write(tmp_path / "lib" / name, text)
+    script = """
+    import sys
+    sys.path.insert(0, "lib")
+    import pytorch_lightning
+    print([type(c).__name__ for c in pytorch_lightning.Trainer().callbacks])
+    """
+    env = {"PPROBE_MODE": "log"}
+    if setting is not None:
+        env["PPROBE_INTEGRATIONS"] = setting
+    r = run_script(tmp_path, script, env=env).check()
+    assert r.out.strip() == repr(expected)
+    assert not r.pprobe_lines() or "internal error" not in r.err
+
+
+def test_a_bad_integrations_value_is_one_line(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "print('ran')", env={"PPROBE_INTEGRATIONS": "keras"}).check()
+    assert r.out.strip() == "ran"
+    lines = r.pprobe_lines()
+    assert len(lines) == 1, r.err
+    assert "PPROBE_INTEGRATIONS='keras'" in lines[0]
+    assert "lightning, transformers, accelerate" in lines[0]

@@ -27,14 +27,15 @@ from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: framework module -> the module here that integrates it (its ``install(module)``).
+#: framework module -> (its name in PPROBE_INTEGRATIONS, the module here that integrates it
+#: with its ``install(module)``).
 WATCHED = {
-    "lightning.pytorch": "pprobe.integrations.lightning",
-    "pytorch_lightning": "pprobe.integrations.lightning",
+    "lightning.pytorch": ("lightning", "pprobe.integrations.lightning"),
+    "pytorch_lightning": ("lightning", "pprobe.integrations.lightning"),
     # the modules that define the classes patched: ``import transformers`` alone (lazy) does
     # not import its Trainer, and pprobe does not either
-    "transformers.trainer": "pprobe.integrations.transformers",
-    "accelerate.accelerator": "pprobe.integrations.accelerate",
+    "transformers.trainer": ("transformers", "pprobe.integrations.transformers"),
+    "accelerate.accelerator": ("accelerate", "pprobe.integrations.accelerate"),
 }
 
 #: framework module -> what its install() returned (installed once per process).
@@ -42,13 +43,17 @@ installed: dict[str, Any] = {}
 _watching = False
 
 
-def watch() -> None:
-    """Install each integration now if its framework is imported, else when it is."""
+def watch(enabled: Iterable[str] = ("lightning", "transformers", "accelerate")) -> None:
+    """Install each integration named in ``enabled`` (the ``integrations`` setting) now if
+    its framework is imported, else when it is."""
     global _watching
     if _watching:
         return
     _watching = True
-    for name in WATCHED:
+    wanted = set(enabled)
+    for name, (integration, _) in WATCHED.items():
+        if integration not in wanted:
+            continue
         if name in sys.modules:
             _install(name)
         else:
@@ -73,7 +78,7 @@ def _install(name: str) -> None:
         return
     installed[name] = None  # once, even when it fails
     try:
-        mod = importlib.import_module(WATCHED[name])
+        mod = importlib.import_module(WATCHED[name][1])
         installed[name] = mod.install(sys.modules[name])
     except Exception as e:  # noqa: BLE001 - an integration never breaks the import
         _internal(f"installing the {name} integration", e)
