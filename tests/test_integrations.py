@@ -413,3 +413,26 @@ def test_a_bad_integrations_value_is_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1, r.err
     assert "PPROBE_INTEGRATIONS='keras'" in lines[0]
     assert "lightning, transformers, accelerate" in lines[0]
+
+
+def test_a_failure_inside_a_callback_is_one_line_and_training_goes_on(tmp_path: Path) -> None:
+    # the stand-in Trainer has no global_step: every on_train_batch_start fails inside pprobe
+    for name, text in FAKE_LIGHTNING.items():
+        write(tmp_path / "lib" / name, text)
+    script = """
+    import sys
+    sys.path.insert(0, "lib")
+    import pytorch_lightning
+    trainer = pytorch_lightning.Trainer()
+    results = [cb.on_train_batch_start(trainer, None, None, i)
+               for i in range(3) for cb in trainer.callbacks]
+    print(results)
+    """
+    r = run_script(tmp_path, script, env={"PPROBE_MODE": "log"}).check()
+    assert r.out.strip() == "[None, None, None]"  # never -1 (that would end Lightning's epoch)
+    lines = r.pprobe_lines()
+    failures = [x for x in lines if "Lightning integration (on_train_batch_start)" in x]
+    assert len(failures) == 1 and "AttributeError" in failures[0], r.err
+    meta = json.loads((r.runs[-1] / "meta.json").read_text())
+    errs = [e for e in meta["errors"] if "on_train_batch_start" in e["where"]]
+    assert [e["count"] for e in errs] == [3]
