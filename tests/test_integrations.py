@@ -436,3 +436,55 @@ def test_a_failure_inside_a_callback_is_one_line_and_training_goes_on(tmp_path: 
     meta = json.loads((r.runs[-1] / "meta.json").read_text())
     errs = [e for e in meta["errors"] if "on_train_batch_start" in e["where"]]
     assert [e["count"] for e in errs] == [3]
+
+
+FAKE_TRANSFORMERS = {
+    "transformers/__init__.py": """
+        class TrainerCallback:
+            pass
+        """,
+    "transformers/trainer.py": """
+        class State:
+            global_step, epoch, log_history = 0, 0.0, []
+
+        class Handler:
+            def __init__(self):
+                self.callbacks = []
+
+        class Trainer:
+            def __init__(self):
+                self.callback_handler, self.model = Handler(), "the model"
+
+            def add_callback(self, cb):
+                self.callback_handler.callbacks.append(cb)
+
+            def train(self):
+                for cb in self.callback_handler.callbacks:
+                    cb.on_train_begin(None, State(), None, model=self.model)
+                raise RuntimeError("diverged")
+        """,
+}
+
+
+def test_transformers_train_that_raises_ends_training_once(tmp_path: Path) -> None:
+    # a stand-in transformers.trainer: the Trainer has no exception event of its own
+    for name, text in FAKE_TRANSFORMERS.items():
+        write(tmp_path / "lib" / name, text)
+    write(tmp_path / "recorder_plugin.py", PLUGIN)
+    script = """
+    import sys
+    sys.path.insert(0, "lib")
+    from transformers.trainer import Trainer
+    try:
+        Trainer().train()
+    except RuntimeError as e:
+        print("raised", e)
+    """
+    env = {"PPROBE_MODE": "log", "PPROBE_PLUGINS": "recorder_plugin",
+           "SEEN": str(tmp_path / "seen.json"),
+           "PYTHONPATH": f"{BOOTSTRAP}:{tmp_path}"}  # fmt: skip
+    r = run_script(tmp_path, script, env=env).check()
+    assert r.out.strip() == "raised diverged"  # the program's exception, unchanged
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert [s[0] for s in seen] == ["before_training", "after_training", "cleanup"]
+    assert seen[-1][1] == "transformers"

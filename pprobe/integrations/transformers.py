@@ -16,7 +16,7 @@ on_log                           every number logged (loss, learning_rate, grad_
                                  epoch, eval_*, train_*, total_flos) -> ``python.metrics``
                                  with step = state.global_step
 on_epoch_end                     ``after_epoch(epoch, metrics)``
-on_train_end                     ``after_training(metrics)``
+on_train_end / train() raised    ``after_training(metrics)`` (once per train())
 process exit                     ``cleanup`` (once)
 ==============================  ===========================================================
 
@@ -32,7 +32,7 @@ from typing import Any
 from . import claim, emit, guarded, numbers, record_metrics, register_services, set_step
 
 SOURCE = "transformers"
-_patched: list[tuple[Any, Any]] = []
+_patched: list[tuple[Any, str, Any]] = []
 _classes: dict[str, type] = {}
 _cleanup_armed = False
 
@@ -44,21 +44,39 @@ def install(module: Any) -> dict[str, Any]:
         return {"patched": "Trainer.__init__"}
     trainer_cls = module.Trainer
     orig = trainer_cls.__init__
+    orig_train = trainer_cls.train
 
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         orig(self, *args, **kwargs)
         _attach(self)
 
+    @functools.wraps(orig_train)
+    def train(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig_train(self, *args, **kwargs)
+        except BaseException:  # the Trainer has no exception event: after_training here
+            _raised(self)
+            raise
+
     trainer_cls.__init__ = __init__
-    _patched.append((trainer_cls, orig))
+    trainer_cls.train = train
+    _patched[:] = [(trainer_cls, "__init__", orig), (trainer_cls, "train", orig_train)]
     return {"patched": "Trainer.__init__", "version": getattr(module, "__version__", None)}
 
 
 def uninstall() -> None:
-    for cls, orig in _patched:
-        cls.__init__ = orig
+    for cls, name, orig in _patched:
+        setattr(cls, name, orig)
     _patched.clear()
+
+
+@guarded("the transformers integration (Trainer.train raised)")
+def _raised(trainer: Any) -> None:
+    cls = callback_class()
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, cls):
+            cb.end(getattr(trainer, "model", None))  # type: ignore[attr-defined]
 
 
 @guarded("the transformers integration (Trainer.__init__)")
@@ -101,6 +119,7 @@ def make_callback(base: type) -> type:
             self._step = 0
             self._epoch = 0
             self._logs: dict[str, float] = {}
+            self._training = False
 
         @guarded("the transformers integration (on_train_begin)")
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -114,6 +133,7 @@ def make_callback(base: type) -> type:
                 "step": state.global_step,
             })  # fmt: skip
             set_step(state.global_step)
+            self._training = True
             emit("before_training", SOURCE, model=kw.get("model"))
 
         @guarded("the transformers integration (on_epoch_begin)")
@@ -157,7 +177,13 @@ def make_callback(base: type) -> type:
 
         @guarded("the transformers integration (on_train_end)")
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            emit("after_training", SOURCE, model=kw.get("model"), metrics=dict(self._logs))
+            self.end(kw.get("model"))
+
+        def end(self, model: Any) -> None:
+            """after_training, once per train() (on_train_end, or train() raised)."""
+            if self._training:
+                self._training = False
+                emit("after_training", SOURCE, model=model, metrics=dict(self._logs))
 
     PprobeTrainerCallback.__module__ = __name__
     return PprobeTrainerCallback
