@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     from .ext import cli as ext_cli
 
     ext_cli.add_parser(sub)
+    from .collect import cli as collect_cli
+
+    collect_cli.add_parser(sub)
     return p
 
 
@@ -114,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import nancli
 
         return nancli.main(args)
+    if args.command == "collect":
+        from .collect import cli as collect_cli
+
+        return collect_cli.main(args)
     if args.command == "bootstrap-path":
         print(bootstrap_dir())
         return 0

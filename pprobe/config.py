@@ -189,6 +189,26 @@ def _str(name: str, v: Any) -> str:
     return s
 
 
+def collector_url(name: str, v: Any) -> str:
+    """PPROBE_COLLECTOR: empty (off) or grpc://host:port, grpc+tcp://host:port, grpc+tls://host:port."""
+    s = v.strip() if isinstance(v, str) else ""
+    if not s:
+        return ""
+    m = re.fullmatch(r"grpc(\+tcp|\+tls)?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})", s)
+    if not m or not 0 < int(m.group(3)) < 65536:
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: empty (off), grpc://host:port or "
+            "grpc+tls://host:port"
+        )
+    return s
+
+
+def _path_or_empty(name: str, v: Any) -> str:
+    if v == "" or v is None:
+        return ""
+    return _str(name, v)
+
+
 #: What ``str(dtype)`` prints for NumPy's and torch's dtypes (torch's without ``torch.``), as
 #: the recorder compares them: the sized names, NumPy's type strings ('<U5', '>f8') and
 #: datetime units. Checked without importing either framework (start-up imports neither).
@@ -531,6 +551,90 @@ SETTINGS: tuple[Setting, ...] = (
         "file guards it; it runs read-only SQL over the run only.",
     ),
     Setting(
+        "collector",
+        "PPROBE_COLLECTOR",
+        "",
+        collector_url,
+        "Stream every process's log batches to a `pprobe collect` server: grpc://host:port or "
+        "grpc+tls://host:port (empty: off). docs/distributed.md.",
+    ),
+    Setting(
+        "collector_token_file",
+        "PPROBE_COLLECTOR_TOKEN_FILE",
+        "",
+        _path_or_empty,
+        "File holding the collector's token (sent as a bearer header, never printed).",
+    ),
+    Setting(
+        "collector_tls_root",
+        "PPROBE_COLLECTOR_TLS_ROOT",
+        "",
+        _path_or_empty,
+        "PEM file of the certificate(s) that grpc+tls:// trusts (a self-signed collector's "
+        "own certificate); empty: the system's roots.",
+    ),
+    Setting(
+        "collector_local",
+        "PPROBE_COLLECTOR_LOCAL",
+        "keep",
+        _choice(("keep", "drop")),
+        "With a collector: keep the local log shards too, or drop them (meta.json and dumps "
+        "stay local).",
+    ),
+    Setting(
+        "collector_dumps",
+        "PPROBE_COLLECTOR_DUMPS",
+        False,
+        _bool,
+        "With a collector: send the .npy dumps too (encoded by a codec).",
+    ),
+    Setting(
+        "collector_spool",
+        "PPROBE_COLLECTOR_SPOOL",
+        "",
+        _path_or_empty,
+        "Folder where batches wait while the collector is unreachable (empty: `.spool/` in "
+        "the run folder). `pprobe collect --resend` sends what is left.",
+    ),
+    Setting(
+        "collector_spool_bytes",
+        "PPROBE_COLLECTOR_SPOOL_BYTES",
+        1024**3,
+        _size,
+        "Bytes the spool may hold per process; past it batches are dropped and counted "
+        "(meta.json `collector.rows_dropped`).",
+    ),
+    Setting(
+        "collector_retries",
+        "PPROBE_COLLECTOR_RETRIES",
+        3,
+        _int(1),
+        "Tries per send (exponential backoff with jitter between them) before its batches "
+        "go to the spool.",
+    ),
+    Setting(
+        "collector_breaker_failures",
+        "PPROBE_COLLECTOR_BREAKER_FAILURES",
+        3,
+        _int(1),
+        "Consecutive failed sends that open the circuit breaker (no more tries; batches spool).",
+    ),
+    Setting(
+        "collector_breaker_seconds",
+        "PPROBE_COLLECTOR_BREAKER_SECONDS",
+        5.0,
+        _seconds,
+        "How long the breaker stays open before one trial send (half-open).",
+    ),
+    Setting(
+        "collector_drain_seconds",
+        "PPROBE_COLLECTOR_DRAIN_SECONDS",
+        10.0,
+        _interval,
+        "At exit, the longest wait for unsent batches to reach the collector; the rest stays "
+        "in the spool (0: no wait).",
+    ),
+    Setting(
         "strict",
         "PPROBE_STRICT",
         False,
@@ -586,6 +690,17 @@ class Config:
     sample_seconds: float = 0.0
     plugins: tuple[str, ...] = ()
     live: str = "off"
+    collector: str = ""
+    collector_token_file: str = ""
+    collector_tls_root: str = ""
+    collector_local: str = "keep"
+    collector_dumps: bool = False
+    collector_spool: str = ""
+    collector_spool_bytes: int = 1024**3
+    collector_retries: int = 3
+    collector_breaker_failures: int = 3
+    collector_breaker_seconds: float = 5.0
+    collector_drain_seconds: float = 10.0
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

@@ -56,6 +56,7 @@ class Session:
             buffer_rows=config.buffer_rows,
             drop=config.buffer_full == "drop",
         )
+        self.forwarder: Any = None  # pprobe.collect.client.Forwarder (PPROBE_COLLECTOR)
         self.installed: dict[str, Any] = {}
         self.exit_code: Any = None
         self.stopped = False
@@ -73,6 +74,8 @@ class Session:
             state.world_size = int(os.environ["WORLD_SIZE"])
         if core.FELL_BACK:
             _report.warn_once("core", f"the Python engine records this run: {core.REASON}.")
+        if s.config.collector:
+            s._start_forwarder()
         s.writer.start()
         recorder.configure(s.config, s.dumper, s.writer.wake, s.writer.flush)
         _report._listeners[:] = [s.write_meta]
@@ -97,6 +100,26 @@ class Session:
 
             endpoint.start(s, s.config.live)
         return s
+
+    def _start_forwarder(self) -> None:
+        """PPROBE_COLLECTOR: the log writer hands its batches to a sender (pprobe.collect)."""
+        try:
+            from .collect import client
+
+            self.forwarder = client.start(self)
+            self.writer.tap = self.forwarder.submit
+            self.writer.keep_local = self.forwarder.keep_local
+        except Exception as e:
+            _report.internal_error("starting the collector client", e)
+
+    def _close_forwarder(self) -> None:
+        f = self.forwarder
+        if f is None:
+            return
+        try:
+            self.run.extra["collector"] = f.close(self.run.exit)
+        except Exception as e:
+            _report.internal_error("closing the collector client", e)
 
     def _watch(self, framework: str) -> None:
         if framework in sys.modules:
@@ -154,6 +177,7 @@ class Session:
 
         self.run.end = time.time()
         self.run.exit = self._exit_status() if exiting else {"status": "disabled"}
+        self._close_forwarder()
         self.write_meta()
         from . import endofrun
 
@@ -198,6 +222,11 @@ class Session:
         self.run.after_fork()
         if self.dumper is not None:
             self.dumper.after_fork()
+        if self.forwarder is not None:  # before the writer's thread hands it batches
+            try:
+                self.forwarder.after_fork_child()
+            except Exception as e:
+                _report.internal_error("restarting the collector client", e)
         self.writer.after_fork_child()
         recorder.configure(self.config, self.dumper, self.writer.wake, self.writer.flush)
         self.write_meta()

@@ -53,6 +53,10 @@ class Writer:
         self.failed = False
         self.buffer_rows = buffer_rows
         self.drop = drop
+        #: pprobe.collect.client.Forwarder.submit when PPROBE_COLLECTOR is set: each batch is
+        #: handed to it on this writer's thread; ``keep_local`` False writes no local shard.
+        self.tap: Any = None
+        self.keep_local = True
         self._init_process()
 
     def _init_process(self) -> None:
@@ -207,6 +211,11 @@ class Writer:
                 _report.internal_error("recycling the record buffer", e)
 
     def _write(self, table: str, batch: Any) -> None:
+        tap = self.tap
+        if tap is not None:
+            tap(table, batch)  # never raises (pprobe.collect.client.Forwarder.submit)
+            if not self.keep_local:
+                return
         if batch.num_rows == 0 and table in self.sinks:
             return
         sink = self.sinks.get(table)
