@@ -35,7 +35,7 @@ from . import wire
 #: Bytes of batches the queue holds before new ones go straight to the spool.
 QUEUE_BYTES = 64 << 20
 #: Longest single call (seconds); shorter when the exit's drain deadline is nearer.
-CALL_TIMEOUT_S = 10.0
+CALL_TIMEOUT_S = 5.0
 #: Dump bytes per DoPut batch.
 DUMP_BATCH_BYTES = 8 << 20
 
@@ -102,6 +102,7 @@ class Forwarder:
         self.cv = threading.Condition()
         self.queue: collections.deque[tuple[dict[str, Any], Any]] = collections.deque()
         self.queued_bytes = 0
+        self.inflight: list[tuple[dict[str, Any], Any]] = []
         self.stopping = False
         self.deadline: float | None = None
         self.thread: threading.Thread | None = None
@@ -137,8 +138,10 @@ class Forwarder:
         t = self.thread
         if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join(timeout=self.drain_s + CALL_TIMEOUT_S / 4)
-        if t is None or not t.is_alive():
-            self._spool_queue()  # the thread is gone: anything left over goes to the spool
+        # Anything left over goes to the spool. A sender still stuck in a call (a collector
+        # that accepts connections but never answers) has its batches spooled too: should
+        # that call still succeed, the collector keeps each batch once all the same.
+        self._spool_queue(with_inflight=t is not None and t.is_alive())
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -268,7 +271,12 @@ class Forwarder:
             else:
                 groups.append([(h, b)])
         for g in groups:
-            if not self._send(g):
+            with self.cv:
+                self.inflight = list(g)
+            ok = self._send(g)
+            with self.cv:
+                g, self.inflight = (self.inflight, [])  # emptied if close() spooled them
+            if not ok:
                 for h, b in g:
                     self._to_spool(h, b)
 
@@ -416,11 +424,14 @@ class Forwarder:
         except Exception as e:
             _report.internal_error("writing the collector spool", e)
 
-    def _spool_queue(self) -> None:
+    def _spool_queue(self, with_inflight: bool = False) -> None:
         with self.cv:
             items = list(self.queue)
             self.queue.clear()
             self.queued_bytes = 0
+            if with_inflight:
+                items = self.inflight + items
+                self.inflight = []
         for h, b in items:
             self._to_spool(h, b)
 
