@@ -132,7 +132,7 @@ class RunStore:
             self.seen.add(key)
             p = self._proc(h, host)
             if stream != "dumps":
-                p["rows"] += batch.num_rows
+                p["rows"][stream] = p["rows"].get(stream, 0) + batch.num_rows
             p["batches"] += 1
             p["last_seen"] = time.time()
             if time.monotonic() - self.procs_written.get((host, pid), 0.0) > PROCS_EVERY_S:
@@ -148,7 +148,7 @@ class RunStore:
         if p is None:
             p = self.procs[k] = {"host": host, "pid": h["pid"], "rank": h.get("rank"),
                                  "world_size": h.get("world_size"), "clients": [],
-                                 "rows": 0, "batches": 0, "first_seen": time.time(),
+                                 "rows": {}, "batches": 0, "first_seen": time.time(),
                                  "last_seen": None, "end": None}  # fmt: skip
             self.m.clients.inc()
             self.log_.event("client", run=self.run_id, host=host, pid=h["pid"], rank=h.get("rank"))
@@ -247,7 +247,7 @@ class RunStore:
             "exit": exit_,
             "processes": len(procs),
             "ranks": sorted({p["rank"] for p in procs if p["rank"] is not None}),
-            "rows_written": sum(p["rows"] for p in procs),
+            "rows_written": sum(p["rows"].get("ops", 0) for p in procs),  # as a local run's
             "rows_dropped": sum((p["end"] or {}).get("rows_dropped") or 0 for p in procs),
         }
         self.folder.replace_atomic("meta.json", json.dumps(meta, indent=1).encode())
