@@ -315,3 +315,42 @@ def test_bad_collector_url_names_the_setting(tmp_path: Path) -> None:
 
 
 __all__ = ["wait_for"]
+
+
+def test_forwarder_and_server_in_process(tmp_path: Path) -> None:
+    """The client's sender against an in-process collector: queued batches and an earlier
+    spool are sent, an unreadable spool file is set aside, the figures add up."""
+    import io
+
+    from pprobe.collect.client import Forwarder
+    from pprobe.collect.observe import Log, Metrics
+    from pprobe.collect.server import Collector as Server
+    from pprobe.config import Config
+
+    tok = token_file(tmp_path)
+    log = io.StringIO()
+    secret = tok.read_text().strip()
+    srv = Server("grpc://127.0.0.1:0", str(tmp_path / "c"), secret, Log(stream=log), Metrics())
+    try:
+        cfg = Config(collector=f"grpc://127.0.0.1:{srv.port}", collector_token_file=str(tok),
+                     collector_drain_seconds=30.0)  # fmt: skip
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700)
+        f = Forwarder(cfg, "run1", str(run_dir), "h")
+        sp = f._open_spool()
+        assert sp is not None
+        h = {**HEADER, "run": "run1", "client": f.client_id, "stream": "python.t"}
+        sp.put({**h, "batch": 10**6}, pa.record_batch({"x": [100]}))  # left from before
+        (Path(sp.folder.path) / "zzz-junk.arrow").write_bytes(b"not arrow")
+        f.start()
+        for i in range(5):
+            f.submit("python.t", pa.record_batch({"x": [i]}))
+        s = f.close({"status": "ok", "code": 0})
+    finally:
+        srv.shutdown()
+        srv.close_all()
+    assert s["rows_sent"] == 6 and s["spooled_batches"] == 0 and s["rows_dropped"] == 0
+    got = sorted(r["x"] for r in sql(tmp_path / "c" / "run1", "SELECT x FROM python.t"))
+    assert got == [0, 1, 2, 3, 4, 100]
+    assert (Path(sp.folder.path) / "zzz-junk.arrow.bad").is_file()
+    assert "client-end" in log.getvalue()

@@ -49,7 +49,7 @@ def _ops_count(run_dir: Path) -> int:
 def test_collector_killed_and_restarted_every_row_once(tmp_path: Path) -> None:
     c = Collector(tmp_path, tmp_path / "collected", token_file(tmp_path)).start()
     p = _start_prog(tmp_path, {**c.client_env(**FAST),
-                               "PPROBE_COLLECTOR_DRAIN_SECONDS": "60"}, "150", "0.02")  # fmt: skip
+                               "PPROBE_COLLECTOR_DRAIN_SECONDS": "60"}, "300", "0.02")  # fmt: skip
     try:
         wait_for(lambda: run_folders(c.output) and _ops_count(run_folders(c.output)[0]) > 20)
         live = _ops_count(run_folders(c.output)[0])  # queried while the job runs
@@ -64,11 +64,11 @@ def test_collector_killed_and_restarted_every_row_once(tmp_path: Path) -> None:
     local = _local_run(tmp_path)
     got = run_folders(c.output)[0]
     want = _key_rows(local)
-    assert len(want) == 3 * 150 + 2 and 0 < live < len(want)
+    assert len(want) == 3 * 300 + 2 and 0 < live < len(want)
     assert _key_rows(got) == want  # every row exactly once
     assert _tensor_rows(got) == _tensor_rows(local)
     q = "SELECT i FROM python.progress ORDER BY i"
-    assert [r["i"] for r in sql(got, q)] == list(range(150))
+    assert [r["i"] for r in sql(got, q)] == list(range(300))
     m = meta(local)["collector"]
     assert m["failed_sends"] >= 1 and m["spooled_batches"] == 0 and m["rows_dropped"] == 0
     assert m["breaker_opened"] >= 1 and m["breaker"] == "closed"
@@ -144,7 +144,7 @@ def test_full_spool_drops_and_counts(tmp_path: Path) -> None:
     c = Collector(tmp_path, tmp_path / "collected", token_file(tmp_path))  # not started yet
     env = {**c.client_env(**FAST), "PPROBE_COLLECTOR_SPOOL_BYTES": "1",
            "PPROBE_COLLECTOR_DRAIN_SECONDS": "60"}  # fmt: skip
-    p = _start_prog(tmp_path, env, "150", "0.02")
+    p = _start_prog(tmp_path, env, "300", "0.02")
     try:
         wait_for(lambda: (tmp_path / "out" / "latest").exists())
         time.sleep(1.0)  # batches fail, the breaker opens, the spool (1 byte) drops them

@@ -229,9 +229,12 @@ class Forwarder:
         try:
             while True:
                 with self.cv:
-                    if not self.queue and not self.stopping:
-                        wait = 0.5 if not self._spooled() else max(0.05, self.breaker.wait_s())
-                        self.cv.wait(min(wait, 0.5))
+                    if not self.queue:
+                        if self.stopping and (not self._spooled() or self._late()):
+                            break
+                        wait = self._idle_wait()
+                        if wait > 0:
+                            self.cv.wait(wait)
                     items = list(self.queue)
                     self.queue.clear()
                     self.queued_bytes = 0
@@ -239,16 +242,23 @@ class Forwarder:
                     self._deliver(items)
                 if self._spooled() and self.breaker.allow() and not self._late():
                     self._drain_spool()
-                if (
-                    self.stopping
-                    and (not self.queue)
-                    and (self._late() or not self._spooled() or not self.breaker.allow())
-                ):
-                    break
             self._end()
         except BaseException as e:  # the sender must not die silently
             _report.internal_error("sending to the collector", e)
             self._spool_queue()
+
+    def _idle_wait(self) -> float:
+        """How long the sender sleeps with nothing queued: until the breaker lets a spooled
+        batch be tried (and, at exit, no longer than the drain deadline)."""
+        if self._spooled():
+            wait = self.breaker.wait_s() if not self.breaker.allow() else 0.0
+            if not self.stopping:
+                wait = max(0.05, min(0.5, wait))
+        else:
+            wait = 0.5
+        if self.deadline is not None:
+            wait = min(wait, max(0.0, self.deadline - time.monotonic()))
+        return wait
 
     def _late(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
@@ -281,6 +291,8 @@ class Forwarder:
                     self._to_spool(h, b)
 
     def _drain_spool(self) -> None:
+        import pyarrow as pa
+
         sp = self.spool
         assert sp is not None
         for name in sp.names():
@@ -288,8 +300,9 @@ class Forwarder:
                 return  # new batches first; the spool waits for the next round
             try:
                 h, b = sp.get(name)
-            except (OSError, ValueError, KeyError) as e:
+            except (OSError, ValueError, KeyError, pa.ArrowException) as e:
                 _report.internal_error("reading the collector spool", e)
+                sp.set_aside(name)
                 continue
             if not self._send([(h, b)]):
                 return

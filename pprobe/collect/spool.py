@@ -105,6 +105,15 @@ class Spool:
             self.folder.unlink(name)
             self.used -= self._sizes.pop(name, 0)
 
+    def set_aside(self, name: str) -> None:
+        """A file that cannot be read: renamed ``*.bad`` (kept for a look, never resent)."""
+        with self.lock:
+            try:
+                self.folder.rename(name, name + ".bad")
+            except OSError:
+                self.folder.unlink(name)
+            self.used -= self._sizes.pop(name, 0)
+
     def __len__(self) -> int:
         return len(self._sizes)
 
