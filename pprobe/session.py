@@ -117,7 +117,8 @@ class Session:
         if f is None:
             return
         try:
-            self.run.extra["collector"] = f.close(self.run.exit)
+            proc = self.run.process_meta(self.dumper, self.writer)
+            self.run.extra["collector"] = f.close(self.run.exit, proc)
         except Exception as e:
             _report.internal_error("closing the collector client", e)
 

@@ -87,6 +87,8 @@ def test_streams_ops_tensors_and_python_tables(tmp_path: Path, coll: Collector) 
     assert c["rows_sent"] == len(want) + len(_tensor_rows(local)) + 30
     proc = json.loads((got / "procs" / f"{host}-{pid}.json").read_text())
     assert proc["end"]["exit"]["status"] == "ok" and proc["end"]["rows_dropped"] == 0
+    assert proc["process"]["pid"] == pid and proc["process"]["argv"][0].endswith("prog.py")
+    assert proc["rows"] == {"ops": 92, "tensors": len(_tensor_rows(local)), "python.progress": 30}
     m = meta(got)
     assert m["collected"] and m["exit"]["status"] == "ok" and m["processes"] == 1
     assert (coll.output / "LATEST").read_text().strip() == local.name
@@ -305,6 +307,17 @@ def test_usage_errors(tmp_path: Path) -> None:
         p = cli(*args)
         assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr
         assert len(p.stderr.strip().splitlines()) == 1
+    import socket
+
+    with socket.socket() as s:  # a port in use: one line, not a traceback
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        p = cli("--output", "o", "--listen", f"127.0.0.1:{port}")
+    assert p.returncode == 1 and p.stderr.strip().splitlines() == [
+        f"pprobe collect: cannot listen on 127.0.0.1:{port} (the port is in use, "
+        "or the address is not one of this host's)"
+    ]
 
 
 def test_bad_collector_url_names_the_setting(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--tls-cert", metavar="C", help="PEM certificate: serve grpc+tls")
     c.add_argument("--tls-key", metavar="K", help="PEM private key of --tls-cert")
     c.add_argument("--log-json", action="store_true", help="one JSON object per log line")
-    c.add_argument("--metrics-port", type=int, metavar="P",
+    c.add_argument("--metrics-port", type=_port, metavar="P",
                    help="serve Prometheus metrics at http://127.0.0.1:P/metrics "
                    "(needs prometheus_client)")  # fmt: skip
     c.add_argument(
@@ -45,6 +45,12 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--to", metavar="URL", help="with --resend: the collector, grpc://HOST:PORT")
     c.add_argument("--tls-root", metavar="C",
                    help="with --resend to grpc+tls://: the certificate to trust")  # fmt: skip
+
+
+def _port(v: str) -> int:
+    if not v.isdigit() or not 0 < int(v) < 65536:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a port (1 to 65535)")
+    return int(v)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -64,8 +70,19 @@ def main(args: argparse.Namespace) -> int:
     if not host or not port_s.isdigit() or int(port_s) > 65535:
         print(f"pprobe collect: --listen {args.listen!r}: expected HOST:PORT", file=sys.stderr)
         return 2
+    # gRPC's own start-up lines (absl) would repeat, less clearly, the one line said below.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    import pyarrow as pa
+
     try:
         return _serve(args, host, int(port_s))
+    except pa.ArrowException as e:
+        if "did not start" in str(e):
+            print(f"pprobe collect: cannot listen on {args.listen} (the port is in use, or the "
+                  "address is not one of this host's)", file=sys.stderr)  # fmt: skip
+        else:
+            print(f"pprobe collect: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
     except (OSError, ValueError) as e:
         print(f"pprobe collect: {e}", file=sys.stderr)
         return 1
@@ -97,6 +114,10 @@ def _serve(args: argparse.Namespace, host: str, port: int) -> int:
     if args.metrics_port is not None:
         try:
             metrics, http = Metrics.serve(args.metrics_port)
+        except OSError as e:
+            print(f"pprobe collect: --metrics-port {args.metrics_port}: {e.strerror}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         except ImportError:
             print("pprobe collect: --metrics-port needs prometheus_client (pip install "
                   "prometheus_client)", file=sys.stderr)  # fmt: skip

@@ -128,9 +128,13 @@ class Forwarder:
         self._init_process()
         self.start()
 
-    def close(self, exit_status: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Drain for at most ``drain_seconds``, spool the rest; this process's figures."""
+    def close(
+        self, exit_status: dict[str, Any] | None = None, process: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Drain for at most ``drain_seconds``, spool the rest; this process's figures.
+        ``process`` (its procs/*.json content) goes to the collector with the end."""
         self.exit_status = exit_status
+        self.process = process
         with self.cv:
             self.stopping = True
             self.deadline = time.monotonic() + self.drain_s
@@ -390,6 +394,7 @@ class Forwarder:
                 "rank": state.rank,
                 "client": self.client_id,
                 "exit": getattr(self, "exit_status", None),
+                "process": getattr(self, "process", None),
                 **{k: v for k, v in self.summary().items() if k not in ("url", "spool")},
             }
             action = self.flight.Action("end", json.dumps(body).encode())

@@ -209,6 +209,8 @@ class RunStore:
             keep = ("exit", "rows_sent", "rows_dropped", "batches_dropped", "spooled_batches",
                     "failed_sends", "breaker_opened")  # fmt: skip
             p["end"] = {k: body.get(k) for k in keep}
+            if isinstance(body.get("process"), dict):  # the process's own procs/*.json
+                p["process"] = body["process"]
             self._write_proc(host, pid)
             self.write_meta()
         fields: dict[str, Any] = {
