@@ -367,3 +367,34 @@ def test_forwarder_and_server_in_process(tmp_path: Path) -> None:
     assert got == [0, 1, 2, 3, 4, 100]
     assert (Path(sp.folder.path) / "zzz-junk.arrow.bad").is_file()
     assert "client-end" in log.getvalue()
+
+
+FORK = """
+import os, time
+import numpy as np
+a = np.add(np.ones(3), 1)
+time.sleep(0.5)  # the parent's batches go out first: gRPC has run when it forks
+kids = []
+for k in range(2):
+    pid = os.fork()
+    if pid == 0:
+        b = np.multiply(a, k + 3)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+c = np.subtract(a, 1)
+"""
+
+
+def test_forked_children_hand_their_batches_to_the_parent(tmp_path: Path, coll: Collector) -> None:
+    env = coll.client_env(PPROBE_MODE="log", PPROBE_FLUSH_SECONDS="0.05")
+    r = run_script(tmp_path, FORK, env=env, timeout=60).check()
+    local = r.run_dir
+    want = _key_rows(local)
+    assert len({x[0] for x in want}) == 3  # the parent and two forked children
+    got = run_folders(coll.output)[0]
+    assert _key_rows(got) == want
+    assert not list((local / ".spool").rglob("*.arrow"))  # the parent sent the children's
+    m = meta(got)
+    assert m["processes"] == 3 and m["exit"]["status"] == "ok"  # every process's end arrived

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -36,6 +37,10 @@ from . import wire
 QUEUE_BYTES = 64 << 20
 #: Longest single call (seconds); shorter when the exit's drain deadline is nearer.
 CALL_TIMEOUT_S = 5.0
+#: The stream name of a spooled end record (a forked child's final figures).
+END = "end"
+#: Flight clients a forked child inherited from its parent (see Forwarder.after_fork_child).
+_INHERITED: list[Any] = []
 #: Dump bytes per DoPut batch.
 DUMP_BATCH_BYTES = 8 << 20
 
@@ -116,6 +121,8 @@ class Forwarder:
         self.failed_sends = 0
         self.last_error: str | None = None
         self.ended = False
+        self.spool_only = False
+        self.siblings: dict[str, _spool.Spool] = {}
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -123,10 +130,20 @@ class Forwarder:
         self.thread.start()
 
     def after_fork_child(self) -> None:
-        """A forked child is a new client (its own id, queue and thread)."""
+        """A forked child is a new client (its own id, queue and thread). The parent's Flight
+        client is kept, never closed or freed here: its destructor waits for gRPC threads
+        that exist only in the parent, and would hang the child for good."""
+        if self.client is not None:
+            _INHERITED.append(self.client)
+        grpc_ran = "pyarrow._flight" in sys.modules
         self.breaker = _breaker.Breaker(self.breaker.threshold, self.breaker.reset_s)
         self._init_process()
-        self.start()
+        # gRPC cannot be used again in a child forked after it ran (its threads are gone; with
+        # GRPC_ENABLE_FORK_SUPPORT Arrow's build aborts): such a child writes its batches to
+        # its spool, and a process of the run that can send (the parent) sends them.
+        self.spool_only = grpc_ran
+        if not self.spool_only:
+            self.start()
 
     def close(
         self, exit_status: dict[str, Any] | None = None, process: dict[str, Any] | None = None
@@ -146,6 +163,9 @@ class Forwarder:
         # that accepts connections but never answers) has its batches spooled too: should
         # that call still succeed, the collector keeps each batch once all the same.
         self._spool_queue(with_inflight=t is not None and t.is_alive())
+        if self.spool_only and not self.ended:
+            self.ended = True
+            self._spool_end()
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
@@ -181,6 +201,11 @@ class Forwarder:
 
     def _submit(self, stream: str, batch: Any) -> None:
         header = self._header(stream)
+        if self.spool_only:
+            self._to_spool(header, batch)
+            if self.dumps and stream == "tensors" and "dump_path" in batch.schema.names:
+                self._submit_dumps([p for p in batch.column("dump_path").to_pylist() if p])
+            return
         size = batch.nbytes
         with self.cv:
             full = self.queued_bytes + size > QUEUE_BYTES
@@ -273,7 +298,30 @@ class Forwarder:
         return max(0.0, min(CALL_TIMEOUT_S, self.deadline - time.monotonic()))
 
     def _spooled(self) -> bool:
-        return self.spool is not None and len(self.spool) > 0
+        if self.spool is not None and len(self.spool) > 0:
+            return True
+        return any(sp.names() for sp in self._siblings())
+
+    def _spool_root(self) -> str:
+        return self.spool_path or os.path.join(self.run_dir, ".spool")
+
+    def _siblings(self) -> list[_spool.Spool]:
+        """The spools of this run's other processes on this host that cannot send (children
+        forked after gRPC ran): this process sends their batches."""
+        root = self._spool_root()
+        own = f"{self.host}-{self.pid}"
+        try:
+            names = [n for n in os.listdir(root) if n != own and not n.startswith(".")]
+        except OSError:
+            return []
+        for n in names:
+            if n not in self.siblings:
+                try:
+                    folder = safefs.RunDir.open(os.path.join(root, n), self.permissions)
+                except OSError:
+                    continue
+                self.siblings[n] = _spool.Spool(folder, self.spool_limit)
+        return [self.siblings[n] for n in names if n in self.siblings]
 
     def _deliver(self, items: list[tuple[dict[str, Any], Any]]) -> None:
         """Send queued batches, grouped by stream and schema; what fails goes to the spool."""
@@ -297,20 +345,21 @@ class Forwarder:
     def _drain_spool(self) -> None:
         import pyarrow as pa
 
-        sp = self.spool
-        assert sp is not None
-        for name in sp.names():
-            if self.queue or not self.breaker.allow() or self._late():
-                return  # new batches first; the spool waits for the next round
-            try:
-                h, b = sp.get(name)
-            except (OSError, ValueError, KeyError, pa.ArrowException) as e:
-                _report.internal_error("reading the collector spool", e)
-                sp.set_aside(name)
-                continue
-            if not self._send([(h, b)]):
-                return
-            sp.remove(name)
+        spools = ([self.spool] if self.spool is not None else []) + self._siblings()
+        for sp in spools:
+            for name in sp.names():
+                if self.queue or not self.breaker.allow() or self._late():
+                    return  # new batches first; the spool waits for the next round
+                try:
+                    h, b = sp.get(name)
+                except (OSError, ValueError, KeyError, pa.ArrowException) as e:
+                    _report.internal_error("reading the collector spool", e)
+                    sp.set_aside(name)
+                    continue
+                ok = self._send_end(b) if h["stream"] == END else self._send([(h, b)])
+                if not ok:
+                    return
+                sp.remove(name)
 
     def _send(self, group: list[tuple[dict[str, Any], Any]]) -> bool:
         """One DoPut with every batch of ``group``: tried ``retries`` times with backoff,
@@ -380,29 +429,59 @@ class Forwarder:
             except Exception:
                 pass
 
+    def _end_body(self) -> dict[str, Any]:
+        return {
+            "run": self.run_id,
+            "host": self.host,
+            "pid": self.pid,
+            "rank": state.rank,
+            "client": self.client_id,
+            "exit": getattr(self, "exit_status", None),
+            "process": getattr(self, "process", None),
+            **{k: v for k, v in self.summary().items() if k not in ("url", "spool")},
+        }
+
     def _end(self) -> None:
         """Tell the collector this process is done, with its figures (once, best effort)."""
         if self.ended or not self.breaker.allow():
             return
         self.ended = True
         try:
-            self._connect()
-            body = {
-                "run": self.run_id,
-                "host": self.host,
-                "pid": self.pid,
-                "rank": state.rank,
-                "client": self.client_id,
-                "exit": getattr(self, "exit_status", None),
-                "process": getattr(self, "process", None),
-                **{k: v for k, v in self.summary().items() if k not in ("url", "spool")},
-            }
-            action = self.flight.Action("end", json.dumps(body).encode())
-            list(self.client.do_action(action, self._call_options()))
+            self._action_end(json.dumps(self._end_body(), default=str).encode())
         except Exception as e:
             self.last_error = f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"
         finally:
             self._reset_client()
+
+    def _action_end(self, body: bytes) -> None:
+        self._connect()
+        action = self.flight.Action("end", body)
+        list(self.client.do_action(action, self._call_options()))
+
+    def _spool_end(self) -> None:
+        """A spool-only child's end, as a spool file (stream ``end``, one JSON row)."""
+        import numpy as np
+        import pyarrow as pa
+
+        from ..writer import _texts
+
+        body = json.dumps(self._end_body(), default=str)
+        b = pa.RecordBatch.from_arrays([_texts(pa, np, [body])], names=["body"])
+        self._to_spool(self._header(END), b)
+
+    def _send_end(self, batch: Any) -> bool:
+        """Send a spooled end record of another process."""
+        if not self.breaker.allow() or self._late():
+            return False
+        try:
+            self._action_end(str(batch.column("body")[0].as_py()).encode())
+        except Exception as e:
+            self.last_error = f"{e.__class__.__name__}: {str(e).splitlines()[0][:200]}"
+            self._reset_client()
+            self.breaker.failure()
+            return False
+        self.breaker.success()
+        return True
 
     # ------------------------------------------------------------------ the spool
     def _open_spool(self) -> _spool.Spool | None:
