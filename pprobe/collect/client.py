@@ -66,10 +66,21 @@ def read_token(path: str) -> str | None:
 def encode_dump(path: str) -> tuple[str, bytes]:
     """(codec name, bytes) of one local dump, as sent to the collector.
 
-    The one place where dumps are encoded for the wire: raw ``.npy`` bytes (codec ``npy``)
-    until :mod:`pprobe.codecs` is merged; then ``codecs.encode(name, array)`` goes here."""
+    The one place where dumps are encoded for the wire. A local dump is already stored by its
+    codec (:mod:`pprobe.codecs`: a plain .npy, or a self-describing encoded file), so its
+    bytes are sent as they are and the collected file is the same file, which
+    ``pprobe.load`` decodes alike; the name is ``codecs.codec_of(path)``, ``npy`` where
+    pprobe.codecs is absent."""
     with open(path, "rb") as f:
-        return "npy", f.read()
+        data = f.read()
+    try:
+        from .. import codecs  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return "npy", data
+    try:
+        return str(codecs.codec_of(path)), data
+    except Exception:
+        return "npy", data
 
 
 class Forwarder:
