@@ -398,3 +398,23 @@ def test_forked_children_hand_their_batches_to_the_parent(tmp_path: Path, coll: 
     assert not list((local / ".spool").rglob("*.arrow"))  # the parent sent the children's
     m = meta(got)
     assert m["processes"] == 3 and m["exit"]["status"] == "ok"  # every process's end arrived
+
+
+def test_dumps_sent_as_stored_by_their_codec(tmp_path: Path, coll: Collector) -> None:
+    """With pprobe.codecs (PPROBE_DUMP_CODEC), a collected dump is the very file the program
+    stored, and pprobe.load decodes it alike."""
+    pytest.importorskip("pprobe.codecs")
+    import numpy as np
+
+    import pprobe
+
+    env = coll.client_env(PPROBE_MODE="dump", PPROBE_COLLECTOR_DUMPS="1", PPROBE_DUMP_CODEC="int8")
+    r = run_script(tmp_path, PROG, "3", env=env).check()
+    got = run_folders(coll.output)[0]
+    rows = sql(got, "SELECT dump_path, dump_codec FROM tensors")
+    assert rows and {x["dump_codec"] for x in rows} <= {"int8", "zstd"}
+    for x in rows:
+        assert (got / x["dump_path"]).read_bytes() == (r.run_dir / x["dump_path"]).read_bytes()
+        np.testing.assert_array_equal(
+            pprobe.load(got / x["dump_path"]), pprobe.load(r.run_dir / x["dump_path"])
+        )
