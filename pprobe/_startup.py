@@ -95,6 +95,10 @@ def _initialize(source: str) -> bool:
 
     try:
         Session.start(cfg)
+    except cfgmod.ConfigError as e:  # a [[hooks]] entry under PPROBE_STRICT (pprobe.hooks.config)
+        sys.stderr.write(f"pprobe: configuration error: {e}. PPROBE_STRICT=1: stopping.\n")
+        sys.stderr.flush()
+        os._exit(2)
     except OSError as e:  # the run folder cannot be made: say so in one line, run unprobed
         sys.stderr.write(
             f"pprobe: cannot write the run folder under {os.path.abspath(cfg.output)!r} "

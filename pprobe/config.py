@@ -291,6 +291,86 @@ def nan_allow_patterns(name: str, v: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+_STEP_AT_FUNC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def parse_step_at(name: str, v: Any) -> tuple[str, ...]:
+    """``pkg.mod:func`` (each call is a step) or ``file.py:LINE`` (each run of the line)."""
+    items = _list(name, v)
+    for item in items:
+        path, _, line = item.rpartition(":")
+        if path and line.isdigit() and int(line) > 0:
+            continue
+        if _STEP_AT_FUNC.fullmatch(item):
+            continue
+        raise ConfigError(
+            f"{name}={v!r} is not valid: {item!r}; allowed: comma-separated `pkg.mod:func` "
+            "(each call of the function is a step) or `file.py:LINE` (each run of the line)"
+        )
+    return items
+
+
+def parse_hooks(name: str, v: Any) -> tuple[dict[str, Any], ...]:
+    """``[[hooks]]`` tables (TOML), or the path of a YAML/TOML/JSON file holding a ``hooks``
+    list. Each entry is a table with a string ``type``; its other keys are the hook's
+    parameters, checked when the hooks are built (pprobe.hooks.config)."""
+    src = name
+    if isinstance(v, str):
+        path = v.strip()
+        if not path:
+            return ()
+        v = _hooks_file(name, path)
+        src = f"{name} ({path})"
+    if isinstance(v, dict):
+        v = [v]
+    if not isinstance(v, (list, tuple)):
+        raise ConfigError(
+            f"{name}={v!r} is not valid; allowed: [[hooks]] tables with a type, or the path "
+            "of a YAML, TOML or JSON file with a hooks list"
+        )
+    out = []
+    for i, entry in enumerate(v):
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str):
+            raise ConfigError(
+                f"{src}: entry {i + 1} ({entry!r}) is not valid; allowed: a table with a "
+                'string type, such as {type = "TimeTrackingHook", frequency = 10}'
+            )
+        out.append(dict(entry))
+    return tuple(out)
+
+
+def _hooks_file(name: str, path: str) -> Any:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{name}={path!r} is not valid; allowed: an existing hooks file")
+    try:
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ModuleNotFoundError:
+                raise ConfigError(
+                    f"{name}={path!r}: reading YAML needs PyYAML; allowed: pip install pyyaml, "
+                    "or [[hooks]] tables in pprobe.toml"
+                ) from None
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        elif path.endswith(".json"):
+            import json
+
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        else:
+            data = _read_toml(path)
+    except ConfigError:
+        raise
+    except Exception as e:  # yaml.YAMLError, JSONDecodeError, TOMLDecodeError, OSError
+        raise ConfigError(f"{name}={path!r} cannot be read: {e}") from None
+    if isinstance(data, dict):
+        data = data.get("hooks", data.get("tool", {}).get("pprobe", {}).get("hooks"))
+    if data is None:
+        raise ConfigError(f"{name}={path!r} is not valid; allowed: a file with a hooks list")
+    return data
+
+
 # ---------------------------------------------------------------- the settings table
 @dataclass(frozen=True)
 class Setting:
@@ -633,6 +713,28 @@ SETTINGS: tuple[Setting, ...] = (
         _interval,
         "At exit, the longest wait for unsent batches to reach the collector; the rest stays "
         "in the spool (0: no wait).",
+        "hooks",
+        "PPROBE_HOOKS",
+        (),
+        parse_hooks,
+        "Lifecycle hooks (docs/hooks.md): `[[hooks]]` tables in pprobe.toml, each with a `type` "
+        "and its parameters, or the path of a YAML/TOML/JSON file with a `hooks` list.",
+    ),
+    Setting(
+        "hook_modules",
+        "PPROBE_HOOK_MODULES",
+        (),
+        _list,
+        "Comma-separated modules imported before the hooks are built: their "
+        "`@HookRegistry.register` classes become hook types.",
+    ),
+    Setting(
+        "step_at",
+        "PPROBE_STEP_AT",
+        (),
+        parse_step_at,
+        "Zero-code steps for loops without an optimizer (NumPy too): `pkg.mod:func` (each call "
+        "is a step) or `file.py:LINE` (each run of that line starts a step). Comma-separated.",
     ),
     Setting(
         "strict",
@@ -701,6 +803,9 @@ class Config:
     collector_breaker_failures: int = 3
     collector_breaker_seconds: float = 5.0
     collector_drain_seconds: float = 10.0
+    hooks: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    hook_modules: tuple[str, ...] = ()
+    step_at: tuple[str, ...] = ()
     strict: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -723,6 +828,9 @@ class Config:
             "torch_params",
             "nan_allow",
             "plugins",
+            "hooks",
+            "hook_modules",
+            "step_at",
         ):
             if k in d:
                 d[k] = tuple(d[k])

@@ -95,6 +95,22 @@ class Session:
             from .ext import plugins
 
             plugins.load_configured(s.config.plugins)
+        if s.config.step_at:  # PPROBE_STEP_AT (pprobe.stepat): zero-code steps without torch
+            from . import stepat
+
+            stepat.install(s.config.step_at)
+        if s.config.hooks or s.config.hook_modules:  # lifecycle hooks (pprobe.hooks.config)
+            from .config import ConfigError
+
+            try:
+                from .hooks import config as hook_config
+
+                hook_config.install(s.config)
+            except ConfigError:  # PPROBE_STRICT: the caller stops the program
+                s.stop()
+                raise
+            except Exception as e:
+                _report.internal_error("installing the lifecycle hooks", e)
         if s.config.live != "off":  # PPROBE_LIVE: pprobe query --live asks this process
             from .ext import endpoint
 
@@ -151,6 +167,15 @@ class Session:
         if self.stopped:
             return
         self.stopped = True
+        lifecycle = sys.modules.get("pprobe.hooks.lifecycle")
+        if lifecycle is not None:  # after_epoch, after_training, cleanup (once per process)
+            try:
+                lifecycle.finish()
+            except Exception as e:
+                _report.internal_error("ending the lifecycle hooks", e)
+        stepat = sys.modules.get("pprobe.stepat")
+        if stepat is not None:
+            stepat.uninstall()
         recorder.deactivate()
         if not exiting:
             for fw, mod in list(self.installed.items()):

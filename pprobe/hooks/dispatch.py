@@ -33,6 +33,12 @@ _hooks: list[Any] = []
 _services: dict[str, Any] = {}
 _claimed: str | None = None
 _params: dict[tuple[type, str], frozenset[str] | None] = {}
+#: name -> factory of a service made on first use (visualization_dir creates its folder)
+_lazy: dict[str, Any] = {}
+#: Whether training is running (before_training emitted, after_training not yet) and whether
+#: cleanup ran: :func:`shutdown` closes what is open, and cleanup runs once per process.
+_training = False
+_cleaned = False
 
 
 def hooks() -> list[Any]:
@@ -45,6 +51,9 @@ def add(hook: Any) -> Any:
     with _lock:
         if hook not in _hooks:
             _hooks.append(hook)
+    from . import lifecycle
+
+    lifecycle.activate()  # zero-code detection starts with the first hook
     return hook
 
 
@@ -58,7 +67,20 @@ def register_service(name: str, obj: Any) -> None:
     _services[name] = obj
 
 
+def register_lazy_service(name: str, factory: Any) -> None:
+    """``name`` is made by ``factory()`` on its first :func:`get_service` (then kept)."""
+    _lazy[name] = factory
+
+
 def get_service(name: str) -> Any:
+    if name not in _services and name in _lazy:
+        try:
+            _services[name] = _lazy.pop(name)()
+        except Exception as exc:  # noqa: BLE001 - a service never breaks the program
+            from .. import _report
+
+            _report.internal_error(f"making the hook service {name!r}", exc)
+            return None
     return _services.get(name)
 
 
@@ -97,8 +119,13 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     """
     if point not in POINTS:
         raise ValueError(f"unknown hook point {point!r}; allowed: {', '.join(POINTS)}")
+    global _training
     if _claimed is not None and source != _claimed:
         return
+    if point == "before_training":
+        _training = True
+    elif point == "after_training":
+        _training = False
     if not _hooks:
         return
     from .. import state
@@ -124,22 +151,50 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
             _failed(hook, point, exc)
 
 
+def shutdown(**ctx: Any) -> None:
+    """The end of the process (or of the probe): ``after_training`` when training is still
+    open (whoever opened it: the zero-code source or the integration that claimed the
+    boundaries), then ``cleanup``, which runs once per process whatever calls this again."""
+    global _cleaned
+    if _cleaned:
+        return
+    if _training:
+        emit("after_training", source=_claimed, **ctx)
+    _cleaned = True
+    emit("cleanup", source=_claimed)
+
+
 def _failed(hook: Any, point: str, exc: BaseException) -> None:
     from .. import _report
 
     hook.failures = getattr(hook, "failures", 0) + 1
+    first = hook.failures == 1
     if hook.failures >= MAX_FAILURES:
         hook.off = True
-    _report.internal_error(f"hook {getattr(hook, 'name', type(hook).__name__)}.{point}", exc,
+    name = getattr(hook, "name", type(hook).__name__)
+    _report.internal_error(f"hook {name}.{point}", exc,
                            outcome="The program goes on; the hook is switched off after "
                            f"{MAX_FAILURES} failures.")  # fmt: skip
+    if first or hook.off:  # the python.errors table: its first failure and when switched off
+        try:
+            from ..ext import tables
+
+            tables._add("errors", [{"source": f"hook {name}.{point}",
+                                    "event": "switched off" if hook.off else "raised",
+                                    "error": type(exc).__name__, "message": str(exc)[:500],
+                                    "failures": hook.failures}])  # fmt: skip
+            tables._activate()
+        except Exception:  # noqa: BLE001 - no table writer (no session): stderr said it
+            pass
 
 
 def _reset() -> None:
     """Forget every hook, service and claim (tests)."""
-    global _claimed
+    global _claimed, _training, _cleaned
     with _lock:
         _hooks.clear()
     _services.clear()
+    _lazy.clear()
     _params.clear()
     _claimed = None
+    _training = _cleaned = False
