@@ -17,6 +17,7 @@ __all__ = [
     "disable",
     "probe",
     "step",
+    "epoch",
     "load",
     "show",
     "summary",
@@ -119,6 +120,24 @@ def step(n: int | None = None) -> int:
     state.manual_step = True
     recorder.set_step(((0 if first else state.step) + 1) if n is None else int(n))
     return state.step
+
+
+def epoch(n: int | None = None) -> int:
+    """Start the next training epoch (or epoch ``n``); lifecycle hooks see ``after_epoch`` of
+    the open one and ``before_epoch`` of this one. DataLoader epochs stop being counted."""
+    import sys
+
+    lc = sys.modules.get("pprobe.hooks.lifecycle")
+    if lc is None or not lc._active:
+        global _epoch
+        _epoch = (_epoch + 1 if _epoch is not None else 0) if n is None else int(n)
+        return _epoch
+    nxt = (lc.epoch + 1 if lc.epochs_started else 0) if n is None else int(n)
+    lc.set_epoch(nxt)
+    return nxt
+
+
+_epoch: int | None = None  # pprobe.epoch() without hooks: only counted
 
 
 def load(
