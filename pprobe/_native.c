@@ -82,6 +82,9 @@ static _Thread_local int tl_writer = 0; /* this thread is pprobe's writer (mark_
 static _Thread_local int64_t tl_parent = -1;
 static _Thread_local PyObject *tl_module = NULL; /* str or NULL */
 static _Thread_local PyObject *tl_phase = NULL;
+/* The phase of a row when no hook set this thread's (tl_phase NULL): "init" before training
+ * starts, "other" after (pprobe.phases). NULL: none. */
+static PyObject *g_phase_default = NULL;
 static _Thread_local int64_t tl_thread = 0; /* this thread's serial (state.note_thread) */
 
 /* Python helpers, set by init() */
@@ -1222,7 +1225,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     rec.site = site;
     rec.depth = (int32_t)depth;
     rec.module = tl_module ? sid_of(tl_module) : -1;
-    rec.phase = tl_phase ? sid_of(tl_phase) : -1;
+    rec.phase = sid_of(tl_phase ? tl_phase : g_phase_default);
     rec.args = -1;
     PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
     if (result == NULL) {
@@ -1584,8 +1587,10 @@ static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     } else {
         PyErr_Clear();
     }
+    if (!backward) /* the phase hooks set (forward, optimizer) or the default */
+        return record_tuple_call(opi, NULL, func, targs, kw);
     PyObject *saved = tl_phase; /* the reference moves to `saved` */
-    tl_phase = Py_NewRef(backward ? s_backward : s_forward);
+    tl_phase = Py_NewRef(s_backward);
     PyObject *r = record_tuple_call(opi, NULL, func, targs, kw);
     Py_DECREF(tl_phase);
     tl_phase = saved;
@@ -1708,6 +1713,15 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
                                      &g_parents, &g_mode, &g_slow, &g_flush_rows, &wake))
         return NULL;
     Py_XSETREF(py_wake, Py_NewRef(wake));
+    Py_RETURN_NONE;
+}
+
+static PyObject *set_default_phase(PyObject *self, PyObject *arg) {
+    if (arg != Py_None && !PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_default_phase takes a str or None");
+        return NULL;
+    }
+    Py_XSETREF(g_phase_default, arg == Py_None ? NULL : Py_NewRef(arg));
     Py_RETURN_NONE;
 }
 
@@ -1870,6 +1884,8 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(active, nested, parents, mode, slow, flush_rows, wake)"},
     {"set_step", set_step, METH_O, "the current training step"},
+    {"set_default_phase", set_default_phase, METH_O,
+     "the phase of rows no hook gave one (init, other)"},
     {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},
     {"set_seq", set_seq, METH_O, "the next sequence number"},
     {"clear_code_cache", clear_code_cache, METH_NOARGS, "forget code classifications"},

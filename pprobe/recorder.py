@@ -135,6 +135,28 @@ def op(name: str, kind: str, framework: str, ufunc: str | None = None, hidden: b
     return o
 
 
+#: The phase of rows no hook gave one (``state.local.phase`` None): "init" until training
+#: starts (:func:`training_started`), "other" after. docs/schema.md says the whole rule.
+_phase_default: str | None = None
+_training = False
+
+
+def training_started() -> None:
+    """Training began (the first module forward, optimizer step or step boundary): rows
+    outside forward/backward/optimizer are ``other`` from now on instead of ``init``."""
+    global _training
+    if not _training:
+        _training = True
+        _set_default_phase("other")
+
+
+def _set_default_phase(p: str | None) -> None:
+    global _phase_default
+    _phase_default = p
+    if _native is not None:
+        _native.set_default_phase(p)
+
+
 def configure(
     cfg: Any,
     dumper: Any,
@@ -156,6 +178,7 @@ def configure(
     _dumper = dumper
     _wake = wake
     _pid = os.getpid()
+    _set_default_phase("other" if _training else "init")
     for o in _ops.values():
         o._configure()
     refresh_active()
@@ -206,10 +229,20 @@ def after_fork() -> None:
 
 #: Called as ``f(old, new)`` after each step change (pprobe.ext.tables samples there).
 step_listeners: list[Callable[[int, int], None]] = []
+#: Called as ``f(old, new)`` just before a step change, while ``state.step`` is still ``old``
+#: (lifecycle hooks' ``after_step``: what they record belongs to the step that ends).
+step_ending_listeners: list[Callable[[int, int], None]] = []
 
 
 def set_step(n: int) -> None:
+    if not _training:
+        training_started()
     old = state.step
+    for f in step_ending_listeners:
+        try:
+            f(old, n)
+        except Exception as e:
+            _report.internal_error("a step listener", e)
     state.step = n
     if _native is not None:
         _native.set_step(n)
@@ -567,7 +600,7 @@ def _end(
                     for idx, x, h in outs:
                         ins.append(h.light("output", idx, x))
         buffer.append(*_encode(seq, op.index, t0, t1, state.local.serial, state.step, depth, parent,
-                               code, error or "ok", loc.module, loc.phase, ins,
+                               code, error or "ok", loc.module, loc.phase or _phase_default, ins,
                                others))  # fmt: skip
         if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
             _wake()

@@ -24,8 +24,8 @@ class _Local(threading.local):
     depth = 0  # number of recorded calls this thread is inside
     parent = -1  # seq of the innermost recorded call, -1 at top level
     module = None  # innermost nn.Module path (set by the torch interceptor)
-    phase = None  # "forward" / "backward" where a framework tells (torch aten level)
-    mstack = None  # torch: running nn.Modules, linked (path, module, rest, row-in-progress)
+    phase = None  # forward / backward / optimizer where a hook tells; None: recorder default
+    mstack = None  # torch: running nn.Modules, linked (path, module, rest, row, saved phase)
     serial = 0  # this thread's number in rows (thread_names)
 
     def __init__(self) -> None:

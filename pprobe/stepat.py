@@ -188,7 +188,9 @@ def _lines_in(code: Any) -> tuple[int, ...]:
     """The target lines that ``code`` itself holds (nested functions are their own code)."""
     got = _code_lines.get(code)
     if got is None:
-        want = [ln for spec, ln in _targets if _file_matches(code.co_filename, spec)]
+        # pprobe's trampolines (recorder.as_caller) carry the caller's file and line: not it
+        own = code in recorder._own_code
+        want = [] if own else [ln for spec, ln in _targets if _file_matches(code.co_filename, spec)]
         if want:
             have = {ln for _, _, ln in code.co_lines() if ln is not None}
             got = tuple(ln for ln in want if ln in have)

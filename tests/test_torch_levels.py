@@ -67,7 +67,7 @@ def test_aten_level_records_backward_with_phase_and_nests_under_api(tmp_path: Pa
     aten = ops(run, "kind = 'aten'")
     assert aten and all(a["op"].startswith("aten.") for a in aten)
     phases = {a["phase"] for a in aten}
-    assert phases == {"forward", "backward"}
+    assert phases == {"init", "forward", "other", "backward", "optimizer"}  # docs/schema.md
     back = [a["op"] for a in aten if a["phase"] == "backward"]
     assert "aten.threshold_backward.default" in back
     assert "aten.mm.default" in back

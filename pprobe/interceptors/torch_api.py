@@ -217,7 +217,8 @@ class ApiMode(TorchFunctionMode):
             return _as_caller(func)(func, args, kwargs)
         loc = _local
         phase = loc.phase
-        loc.phase = "backward" if _task_id() != -1 else "forward"
+        if _task_id() != -1:  # the autograd engine runs it; else the phase hooks set
+            loc.phase = "backward"
         try:
             if _sync:
                 func = _maybe_sync(func)
@@ -254,7 +255,8 @@ class AtenMode(TorchDispatchMode):
         if op.sampled and not op.take():
             return _as_caller(func)(func, args, kwargs)
         phase = loc.phase
-        loc.phase = "backward" if _task_id() != -1 else "forward"
+        if _task_id() != -1:
+            loc.phase = "backward"
         try:
             if _sync:
                 func = _maybe_sync(func)

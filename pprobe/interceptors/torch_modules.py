@@ -174,8 +174,11 @@ def _pre(module: Any, args: Any) -> None:
         e = _paths.get(id(module))
         path = e[0] if e is not None and e[1]() is module else _assign(module, loc)
         rec = _begin(module, path, args, loc) if _rows and recorder._active else None
-        loc.mstack = (path, module, loc.mstack, rec)
+        loc.mstack = (path, module, loc.mstack, rec, loc.phase)
         loc.module = path
+        loc.phase = "forward"
+        if not recorder._training:
+            recorder.training_started()
     except Exception as exc:
         _report.internal_error("torch module pre-hook", exc)
     return None
@@ -204,6 +207,7 @@ def _post(module: Any, args: Any, result: Any) -> None:
         rest = st[2]
         loc.mstack = rest
         loc.module = rest[0] if rest is not None else None
+        loc.phase = st[4]
         rec = st[3]
         if rec is not None:
             loc.parent = rec.parent
@@ -331,8 +335,31 @@ def _grad_hook(path: str, name: str) -> Any:
 
 
 # ---------------------------------------------------------------------- steps
+def _on_step_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Inside ``Optimizer.step()`` rows are in the ``optimizer`` phase (a per-thread stack:
+    an optimizer that steps another one). A step that raised skipped the post-hook: the same
+    optimizer's next step finds its entry still on the stack and drops it."""
+    if _is_compiling():
+        return
+    loc = _local
+    st = getattr(loc, "opt_phases", None)
+    if st is None:
+        st = loc.opt_phases = []
+    while st and st[-1][1] == id(optimizer):
+        loc.phase = st.pop()[0]
+    st.append((loc.phase, id(optimizer)))
+    loc.phase = "optimizer"
+    if not recorder._training:
+        recorder.training_started()
+
+
 def _on_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    if state.manual_step or not _on or _is_compiling():
+    if _is_compiling():
+        return
+    st = getattr(_local, "opt_phases", None)
+    if st:
+        _local.phase = st.pop()[0]
+    if state.manual_step or not _on:
         return
     try:
         recorder.set_step(state.step + 1)
@@ -364,6 +391,9 @@ def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
     if _orig_has_hook is None:
         _orig_has_hook = nn_module._has_any_global_hook
         nn_module._has_any_global_hook = _has_other_global_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    _handles.append(register_optimizer_step_pre_hook(_on_step_pre))
     _handles.append(register_optimizer_step_post_hook(_on_step))
     if _grads:  # modules named before now (another session) get their hooks too
         for i, (path, ref) in list(_paths.items()):
@@ -392,3 +422,4 @@ def uninstall() -> None:
     _watched.clear()
     _local.mstack = None
     _local.module = None
+    _local.phase = None
