@@ -69,6 +69,11 @@ if "$PY" -c "import torch" 2>/dev/null && [ -f examples/torch_mlp.py ]; then
   PYTHONPATH=bootstrap PPROBE_MODE=log "$PY" examples/torch_mlp.py
   "$PY" -m pprobe query "SELECT module_path, op, count(*) AS calls FROM ops
                          WHERE framework = 'torch' GROUP BY ALL ORDER BY calls DESC LIMIT 10"
+  echo
+  echo "== examples/hooks/hooks_loop.py: lifecycle hooks from examples/hooks/pprobe.toml (docs/hooks.md)"
+  PYTHONPATH=bootstrap PPROBE_CONFIG=examples/hooks/pprobe.toml "$PY" examples/hooks/hooks_loop.py
+  "$PY" -m pprobe query "SELECT step, round(ms, 2) AS ms, lr FROM python.hook_steps ORDER BY step"
+  "$PY" -m pprobe query "SELECT phase, count(*) AS calls FROM ops GROUP BY phase ORDER BY calls DESC"
 else
   echo
   echo "== torch is not installed: skipping examples/torch_mlp.py (pip install torch==2.13.0)"

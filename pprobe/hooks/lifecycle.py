@@ -59,6 +59,7 @@ def activate() -> None:
         return
     _active = True
     if _on_step_change not in recorder.step_listeners:
+        recorder.step_ending_listeners.append(_on_step_ending)
         recorder.step_listeners.append(_on_step_change)
     _base_services()
     if "torch" in sys.modules:
@@ -238,6 +239,19 @@ class quiet:
         _quiet -= 1
 
 
+def _on_step_ending(old: int, new: int) -> None:
+    """recorder's step-ending listener: step ``old`` ends (``state.step`` is still ``old``,
+    so what ``after_step`` records is in the step that ends)."""
+    if _quiet or old == new:
+        return
+    with state.internal():
+        _start()
+        if open_step is None:
+            # late: pprobe.step() ends steps, and a pending step may end before it opened
+            _open_step(old if pending is None else pending)
+        _close_step()
+
+
 def _on_step_change(old: int, new: int) -> None:
     """recorder's step listener: the step moved from ``old`` to ``new``.
 
@@ -247,17 +261,11 @@ def _on_step_change(old: int, new: int) -> None:
     global pending
     if _quiet or old == new:
         return
-    with state.internal():
-        _start()
-        if open_step is None and pending is None:
-            _open_step(old)  # late: the step already ran (pprobe.step() ends steps)
-        if open_step is None and pending is not None:
-            _open_step(pending)  # a pending step that a manual step change ends
-        _close_step()
-        if state.manual_step:
+    if state.manual_step:
+        with state.internal():
             _open_step(new)
-        else:
-            pending = new
+    else:
+        pending = new
 
 
 # ---------------------------------------------------------------------- torch
