@@ -7,12 +7,13 @@ tests compare the two (nothing hard-coded that could not fail).
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_script, sql, write
+from helpers import BOOTSTRAP, run_script, sql, write
 
 from pprobe import hooks as ph
 from pprobe.hooks import BaseHook, HookRegistry, dispatch
@@ -83,7 +84,7 @@ net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linea
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
 sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
 ds = TensorDataset(torch.randn(EXAMPLES, 4), torch.randn(EXAMPLES, 1))
-train = DataLoader(ds, batch_size=BATCH)
+train = DataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
 val = DataLoader(ds, batch_size=6)
 steps, lrs = [], []
 for ep in range(EPOCHS):
@@ -108,11 +109,12 @@ if "--raise" in sys.argv:
 """
 
 
-def _train(examples: int = 12, batch: int = 4, epochs: int = 2) -> str:
+def _train(examples: int = 12, batch: int = 4, epochs: int = 2, workers: int = 0) -> str:
     return (
         TRAIN.replace("EXAMPLES", str(examples))
         .replace("BATCH", str(batch))
         .replace("EPOCHS", str(epochs))
+        .replace("WORKERS", str(workers))
     )
 
 
@@ -170,14 +172,52 @@ def test_torch_loop_points_from_pprobe_toml(tmp_path: Path) -> None:
     assert got == n_steps
 
 
-def test_exception_and_sys_exit_end_training_once(tmp_path: Path) -> None:
+def test_exception_ends_training_once_forked_workers_fire_nothing(tmp_path: Path) -> None:
+    # the DataLoader's 2 forked worker processes inherit the hooks: they must not fire
     _setup(tmp_path)
-    r = run_script(tmp_path, _train(epochs=1), "--raise")
+    r = run_script(tmp_path, _train(epochs=2, workers=2), "--raise")
     assert r.rc == 1 and "the program fails after training" in r.err
+    truth = json.loads((tmp_path / "truth.json").read_text())
     seen = _seen(tmp_path)
+    assert seen[:-1] == _expected(truth["steps"], truth["lrs"])
     names = [x[0] for x in seen]
     assert names.count("after_training") == 1 and names.count("cleanup") == 1
     assert names[-2:] == ["after_training", "cleanup"]
+
+
+def test_hooks_from_pyproject_and_a_plugin(tmp_path: Path) -> None:
+    write(
+        tmp_path / "lib" / "hookplug.py",
+        """
+        from pprobe import Plugin
+        from pprobe.hooks import BaseHook, HookRegistry
+
+        @HookRegistry.register("FromPlugin")
+        class FromPlugin(BaseHook):
+            def after_step(self, step):
+                open("p.txt", "a").write(f"{step}\\n")
+
+        class HookPlug(Plugin):
+            name = "hookplug"
+        """,
+    )
+    write(
+        tmp_path / "pyproject.toml",
+        '[tool.pprobe]\nmode = "log"\nplugins = ["hookplug"]\n\n'
+        '[[tool.pprobe.hooks]]\ntype = "FromPlugin"\nfrequency = 2\n',
+    )
+    prog = """
+    import torch
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for i in range(5):
+        opt.zero_grad()
+        net(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    """
+    pp = f"{BOOTSTRAP}{os.pathsep}{tmp_path / 'lib'}"
+    run_script(tmp_path, prog, env={"PYTHONPATH": pp}).check()
+    assert (tmp_path / "p.txt").read_text().split() == ["0", "2", "4"]
 
 
 def test_sigterm_runs_cleanup_once(tmp_path: Path) -> None:

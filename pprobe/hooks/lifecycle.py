@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -58,6 +59,7 @@ def activate() -> None:
     if _active:
         return
     _active = True
+    os.register_at_fork(after_in_child=_after_fork_child)
     if _on_step_change not in recorder.step_listeners:
         recorder.step_ending_listeners.append(_on_step_ending)
         recorder.step_listeners.append(_on_step_change)
@@ -71,6 +73,16 @@ def activate() -> None:
             wrapt.register_post_import_hook(_torch_imported, "torch")
         except Exception as exc:  # noqa: BLE001
             _report.internal_error("watching for torch (lifecycle hooks)", exc)
+
+
+def _after_fork_child() -> None:
+    """A forked child (a DataLoader worker, a multiprocessing fork) is not the training
+    process: its copy of the hooks never fires, not even cleanup at its exit."""
+    global _active
+    _active = False
+    dispatch._hooks.clear()  # no lock: another thread may have held it at the fork
+    dispatch._lock = threading.RLock()
+    dispatch._cleaned = True
 
 
 def _torch_imported(module: Any) -> None:
