@@ -365,3 +365,26 @@ def test_shutdown_runs_cleanup_once(_clean: Any) -> None:
     dispatch.shutdown()
     dispatch.shutdown()
     assert seen == ["after_training", "cleanup"]
+
+
+def test_hook_added_in_code(tmp_path: Path) -> None:
+    prog = """
+    import torch
+    from pprobe.hooks import BaseHook, add
+
+    class Every2(BaseHook):
+        def after_step(self, step, model):
+            print("after_step", step, type(model).__name__)
+        def cleanup(self):
+            print("cleanup")
+
+    add(Every2(frequency=2))
+    net = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for i in range(5):
+        opt.zero_grad()
+        net(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    """
+    r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"}).check()
+    assert r.out.split("\n")[:-1] == [f"after_step {s} Linear" for s in (0, 2, 4)] + ["cleanup"]
