@@ -105,3 +105,30 @@ def test_numpy_without_steps_is_init(tmp_path: Path) -> None:
     # no step, no module: pprobe never learns that training started
     r = run_script(tmp_path, NUMPY_PROG, env={"PPROBE_MODE": "log"}).check()
     assert sql(r.run_dir, "SELECT DISTINCT phase FROM ops") == [{"phase": "init"}]
+
+
+def test_optimizer_step_that_raised(tmp_path: Path) -> None:
+    prog = """
+    import torch
+
+    net = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    def boom():
+        raise RuntimeError("closure")
+    net(torch.ones(1, 2)).sum().backward()
+    try:
+        opt.step(boom)  # SGD calls the closure inside step(): no post-hook
+    except RuntimeError:
+        pass
+    torch.zeros(1).add(1)              # mark A: still optimizer (documented)
+    opt.step()
+    torch.zeros(1).add(2)              # mark B: other again
+    """
+    r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"}).check()
+    marks = {}
+    for number, text in enumerate(prog.splitlines(), 1):
+        if "# mark" in text:
+            marks[number] = text.split("# mark ")[1][0]
+    rows = sql(r.run_dir, "SELECT caller, phase FROM ops WHERE op = 'torch.Tensor.add'")
+    got = {marks[int(x["caller"].rsplit(":", 1)[1])]: x["phase"] for x in rows}
+    assert got == {"A": "optimizer", "B": "other"}
