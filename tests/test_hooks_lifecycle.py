@@ -150,6 +150,7 @@ def _expected(steps_per_epoch: list[int], lrs: list[float]) -> list[list[Any]]:
 def test_torch_loop_points_from_pprobe_toml(tmp_path: Path) -> None:
     _setup(tmp_path)
     r = run_script(tmp_path, _train(examples=14, batch=4, epochs=2)).check()
+    assert "Warning" not in r.err  # finding the services warns of nothing
     truth = json.loads((tmp_path / "truth.json").read_text())
     seen = _seen(tmp_path)
     assert seen[:-1] == _expected(truth["steps"], truth["lrs"])

@@ -352,9 +352,17 @@ def _scheduler_of(optimizer: Any) -> Any:
         from torch.optim.lr_scheduler import LRScheduler
     except ImportError:
         return None
-    for obj in gc.get_objects():
-        if isinstance(obj, LRScheduler) and getattr(obj, "optimizer", None) is optimizer:
-            return obj
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            # type(), not isinstance(): isinstance reads __class__, which some objects turn
+            # into a property that warns (torch.distributed.reduce_op)
+            if issubclass(type(obj), LRScheduler):
+                d = getattr(obj, "__dict__", None)
+                if isinstance(d, dict) and d.get("optimizer") is optimizer:
+                    return obj
     return None
 
 
