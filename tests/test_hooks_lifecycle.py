@@ -389,3 +389,31 @@ def test_hook_added_in_code(tmp_path: Path) -> None:
     """
     r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"}).check()
     assert r.out.split("\n")[:-1] == [f"after_step {s} Linear" for s in (0, 2, 4)] + ["cleanup"]
+
+
+def test_a_later_optimizer_takes_the_services_over(tmp_path: Path) -> None:
+    prog = """
+    import gc, torch
+    from pprobe.hooks import BaseHook, add
+
+    class Show(BaseHook):
+        def after_step(self, step, model):
+            opt = self.get_service("optimizer")
+            print(step, type(opt).__name__, type(model).__name__)
+
+    add(Show())
+    for make, net in ((torch.optim.SGD, torch.nn.Linear(3, 1)),
+                      (torch.optim.Adam, torch.nn.Bilinear(3, 3, 1))):
+        opt = make(net.parameters(), lr=0.1)
+        for i in range(2):
+            opt.zero_grad()
+            x = torch.ones(2, 3)
+            (net(x) if isinstance(net, torch.nn.Linear) else net(x, x)).sum().backward()
+            opt.step()
+        del opt
+        gc.collect()
+    """
+    r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"}).check()
+    assert r.out.split("\n")[:-1] == [
+        "0 SGD Linear", "1 SGD Linear", "2 Adam Bilinear", "3 Adam Bilinear"
+    ]  # fmt: skip

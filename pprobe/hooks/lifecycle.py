@@ -47,7 +47,10 @@ steps_in_epoch = 0
 _quiet = 0  # > 0: a set_step that pprobe.stepat emits itself (it fires the points)
 _train_loader: Any = None  # weakref to the training DataLoader
 _live_loader: Any = None  # weakref to the loader whose iterator runs now
-_optimizer: Any = None  # weakref
+_optimizer: Any = None  # weakref to the optimizer whose services are registered
+#: id -> weakref of every optimizer that stepped: the last one to take its first step gives
+#: the services (a program that trains a second model; a GAN: its second optimizer)
+_seen_optimizers: dict[int, Any] = {}
 _handles: list[Any] = []
 _torch_done = False
 
@@ -286,13 +289,22 @@ def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     if state.manual_step or _quiet:
         return
     if _optimizer is not None:
-        if pending is not None:
+        try:
             with state.internal():
-                _open_step(pending)
+                w = _seen_optimizers.get(id(optimizer))
+                if w is None or w() is not optimizer:  # its first step: its services now
+                    _seen_optimizers[id(optimizer)] = weakref.ref(optimizer)
+                    _optimizer = weakref.ref(optimizer)
+                    _find_services(optimizer, again=True)
+                if pending is not None:
+                    _open_step(pending)
+        except Exception as exc:  # noqa: BLE001
+            _report.internal_error("optimizer pre-step hook (lifecycle hooks)", exc)
         return
     try:
         with state.internal():
             _optimizer = weakref.ref(optimizer)
+            _seen_optimizers[id(optimizer)] = weakref.ref(optimizer)
             _find_services(optimizer)
             live = _live_loader() if _live_loader is not None else None
             if live is not None and not manual_epochs:
@@ -307,22 +319,23 @@ def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         _report.internal_error("optimizer pre-step hook (lifecycle hooks)", exc)
 
 
-def _find_services(optimizer: Any) -> None:
-    """model (the module holding the optimizer's parameters), optimizer, scheduler, device."""
+def _find_services(optimizer: Any, again: bool = False) -> None:
+    """model (the module holding the optimizer's parameters), optimizer, scheduler, device.
+    ``again``: a later optimizer replaces the first one's (a program that trains twice)."""
     reg = dispatch.register_service
     reg("optimizer", optimizer)
     ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
     model = _model_of(ids)
-    if model is not None and dispatch.get_service("model") is None:
+    if model is not None and (again or dispatch.get_service("model") is None):
         reg("model", model)
     try:
         first = next(p for g in optimizer.param_groups for p in g["params"])
         reg("device", first.device)
     except StopIteration:
         pass
-    if dispatch.get_service("scheduler") is None:
+    if again or dispatch.get_service("scheduler") is None:
         sched = _scheduler_of(optimizer)
-        if sched is not None:
+        if sched is not None or again:
             reg("scheduler", sched)
 
 
