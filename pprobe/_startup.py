@@ -96,7 +96,8 @@ def _initialize(source: str) -> bool:
     try:
         Session.start(cfg)
     except cfgmod.ConfigError as e:  # a [[hooks]] entry under PPROBE_STRICT (pprobe.hooks.config)
-        sys.stderr.write(f"pprobe: configuration error: {e}. PPROBE_STRICT=1: stopping.\n")
+        why = cfgmod.strict_requested() or "strict"
+        sys.stderr.write(f"pprobe: configuration error: {e}. {why}: stopping.\n")
         sys.stderr.flush()
         os._exit(2)
     except OSError as e:  # the run folder cannot be made: say so in one line, run unprobed
