@@ -366,6 +366,16 @@ def test_shutdown_runs_cleanup_once(_clean: Any) -> None:
     dispatch.shutdown()
     dispatch.shutdown()
     assert seen == ["after_training", "cleanup"]
+    # an integration that emits cleanup itself (at its exit), then the session's shutdown
+    dispatch._reset()
+    dispatch._hooks.append(H())
+    ph.claim("fw")
+    ph.emit("before_training", source="fw")
+    ph.emit("after_training", source="fw")
+    ph.emit("cleanup", source="fw")
+    dispatch.shutdown()
+    ph.emit("cleanup", source="fw")
+    assert seen == ["after_training", "cleanup", "after_training", "cleanup"]
 
 
 def test_hook_added_in_code(tmp_path: Path) -> None:

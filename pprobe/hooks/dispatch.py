@@ -119,13 +119,17 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     """
     if point not in POINTS:
         raise ValueError(f"unknown hook point {point!r}; allowed: {', '.join(POINTS)}")
-    global _training
+    global _training, _cleaned
     if _claimed is not None and source != _claimed:
         return
     if point == "before_training":
         _training = True
     elif point == "after_training":
         _training = False
+    elif point == "cleanup":  # once per process, whoever emits it (an integration, exit)
+        if _cleaned:
+            return
+        _cleaned = True
     if not _hooks:
         return
     from .. import state
@@ -155,12 +159,10 @@ def shutdown(**ctx: Any) -> None:
     """The end of the process (or of the probe): ``after_training`` when training is still
     open (whoever opened it: the zero-code source or the integration that claimed the
     boundaries), then ``cleanup``, which runs once per process whatever calls this again."""
-    global _cleaned
     if _cleaned:
         return
     if _training:
         emit("after_training", source=_claimed, **ctx)
-    _cleaned = True
     emit("cleanup", source=_claimed)
 
 
