@@ -713,6 +713,8 @@ SETTINGS: tuple[Setting, ...] = (
         _interval,
         "At exit, the longest wait for unsent batches to reach the collector; the rest stays "
         "in the spool (0: no wait).",
+    ),
+    Setting(
         "hooks",
         "PPROBE_HOOKS",
         (),
