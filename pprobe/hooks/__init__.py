@@ -11,6 +11,7 @@ imports it.
 
 from __future__ import annotations
 
+from . import builtin as _builtin  # noqa: F401  (registers the built-in hook types)
 from .base import BaseHook, HookRegistry
 from .dispatch import (
     POINTS,

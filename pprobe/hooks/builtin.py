@@ -1,0 +1,715 @@
+"""The built-in hooks: TimeTracking, SystemMonitor, GradientFlow and FeatureMap.
+
+Each writes its rows to a table of schema ``python`` through the extension API
+(:func:`pprobe.ext.tables.record`): ``python.time_tracking``, ``python.system_monitor``,
+``python.gradient_flow`` and ``python.feature_maps`` (docs/hooks-builtin.md lists the columns).
+Every row carries the hook's ``name`` in column ``hook`` and the step (or epoch) of the point
+that made it in ``step`` (``epoch``). Hooks never change the program's results: they read
+tensors (detached, under ``torch.no_grad``), never write them, and run with recording off.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from typing import Any
+
+from .. import state
+from .base import BaseHook, HookRegistry
+
+
+# ---------------------------------------------------------------------- shared helpers
+def record(table: str, rows: Any) -> None:
+    """Rows into python.<table> (the extension API; exporters see them through its tap)."""
+    from ..ext import tables
+
+    tables.record(table, rows)
+
+
+def run_dir(hook: BaseHook) -> str | None:
+    """The run folder: the ``experiment_dir`` service, else the active session's run."""
+    d = hook.get_service("experiment_dir")
+    if d:
+        return str(d)
+    mod = sys.modules.get("pprobe.session")
+    s = mod.Session.active if mod is not None else None
+    return s.run.dir if s is not None else None
+
+
+def service_dir(hook: BaseHook, service: str, default: str) -> str | None:
+    """The folder of service ``service`` (logs_dir, visualization_dir), else
+    ``<run folder>/<default>``; made if missing. None without a run folder."""
+    d = hook.get_service(service)
+    if not d:
+        base = run_dir(hook)
+        if base is None:
+            return None
+        d = os.path.join(base, default)
+    os.makedirs(str(d), exist_ok=True)
+    return str(d)
+
+
+def _torch() -> Any:
+    """torch when the program imported it (a hook never imports it)."""
+    return sys.modules.get("torch")
+
+
+# ---------------------------------------------------------------------- TimeTrackingHook
+@HookRegistry.register("TimeTrackingHook")
+class TimeTrackingHook(BaseHook):
+    """Step and epoch durations, throughput and ETA, into python.time_tracking.
+
+    ``batch_size``: samples per step (else the ``train_loader`` service's ``batch_size``);
+    with it throughput is samples/s, without it steps/s. ``total_steps`` / ``total_epochs``
+    (else ``len(train_loader) * total_epochs``): with a total, ETA in seconds.
+    ``log_to_file``: also one line per row to ``log_path`` (relative to the run's logs folder
+    unless absolute).
+    """
+
+    def __init__(self, name: str | None = None, frequency: int = 1, log_to_file: bool = False,
+                 log_path: str = "time_tracking.log", batch_size: int | None = None,
+                 total_steps: int | None = None, total_epochs: int | None = None,
+                 **params: Any) -> None:  # fmt: skip
+        super().__init__(name, frequency, **params)
+        self.log_to_file = bool(log_to_file)
+        self.log_path = log_path
+        self.batch_size = batch_size
+        self.total_steps = total_steps
+        self.total_epochs = total_epochs
+        self._t_train: float | None = None
+        self._t_step: tuple[int, float] | None = None  # (step, its before_step time)
+        self._last: tuple[int, float] | None = None  # (step, time) of the last after_step
+        self._first: tuple[int, float] | None = None  # (step, time) of the first after_step
+        self._t_epoch: dict[int, float] = {}
+        self._file: Any = None
+
+    # the numbers
+    def _batch(self) -> int | None:
+        if self.batch_size:
+            return int(self.batch_size)
+        loader = self.get_service("train_loader")
+        bs = getattr(loader, "batch_size", None)
+        return int(bs) if isinstance(bs, int) and bs > 0 else None
+
+    def _total(self) -> int | None:
+        if self.total_steps:
+            return int(self.total_steps)
+        loader = self.get_service("train_loader")
+        if self.total_epochs and loader is not None:
+            try:
+                return int(self.total_epochs) * len(loader)
+            except TypeError:
+                return None
+        return None
+
+    def before_training(self, model: Any = None) -> None:
+        self._t_train = time.perf_counter()
+
+    def before_step(self, step: int, model: Any = None) -> None:
+        self._t_step = (step, time.perf_counter())
+
+    def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
+        now = time.perf_counter()
+        if self._t_train is None:
+            self._t_train = now
+        duration = None
+        if self._t_step is not None and self._t_step[0] == step:
+            duration = now - self._t_step[1]
+        avg = None  # the mean step time since the last row (covers untimed steps)
+        if self._last is not None and step > self._last[0]:
+            avg = (now - self._last[1]) / (step - self._last[0])
+        per_step = avg if avg is not None else duration
+        row: dict[str, Any] = {"hook": self.name, "event": "step", "step": step,
+                               "epoch": self.get_service("epoch"), "duration_s": duration,
+                               "avg_step_s": avg, "elapsed_s": now - self._t_train,
+                               "steps_per_s": None, "samples_per_s": None,
+                               "eta_s": None}  # fmt: skip
+        if per_step:
+            row["steps_per_s"] = 1.0 / per_step
+            bs = self._batch()
+            if bs:
+                row["samples_per_s"] = bs / per_step
+        total = self._total()
+        if total is not None and self._first is not None and step > self._first[0]:
+            mean = (now - self._first[1]) / (step - self._first[0])
+            row["eta_s"] = max(0, total - step - 1) * mean
+        if self._first is None:
+            self._first = (step, now)
+        self._last = (step, now)
+        self._emit(row)
+
+    def before_epoch(self, epoch: int, model: Any = None) -> None:
+        self._t_epoch[epoch] = time.perf_counter()
+
+    def after_epoch(self, epoch: int, model: Any = None, metrics: Any = None) -> None:
+        t0 = self._t_epoch.pop(epoch, None)
+        now = time.perf_counter()
+        row: dict[str, Any] = {"hook": self.name, "event": "epoch", "epoch": epoch,
+                               "duration_s": None if t0 is None else now - t0,
+                               "elapsed_s": None if self._t_train is None
+                               else now - self._t_train}  # fmt: skip
+        if self.total_epochs and t0 is not None and self._t_train is not None:
+            row["eta_s"] = max(0, int(self.total_epochs) - epoch - 1) * (now - t0)
+        self._emit(row)
+
+    def after_training(self, model: Any = None, metrics: Any = None) -> None:
+        if self._t_train is not None:
+            now = time.perf_counter()
+            self._emit({"hook": self.name, "event": "training", "duration_s": now - self._t_train,
+                        "elapsed_s": now - self._t_train})  # fmt: skip
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        record("time_tracking", row)
+        if self.log_to_file:
+            self._log_line(row)
+
+    def _log_line(self, row: dict[str, Any]) -> None:
+        if self._file is None:
+            path = self.log_path
+            if not os.path.isabs(path):
+                logs = service_dir(self, "logs_dir", "logs")
+                if logs is None:
+                    return
+                path = os.path.join(logs, path)
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        parts = [f"{row['event']}"]
+        for k in ("step", "epoch"):
+            if row.get(k) is not None:
+                parts.append(f"{k}={row[k]}")
+        for k, unit in (("duration_s", "s"), ("avg_step_s", "s"), ("steps_per_s", "/s"),
+                        ("samples_per_s", "/s"), ("eta_s", "s"), ("elapsed_s", "s")):  # fmt: skip
+            v = row.get(k)
+            if v is not None:
+                parts.append(f"{k[:-2] if unit == 's' else k}={v:.6g}{unit}")
+        self._file.write(" ".join(parts) + "\n")
+        self._file.flush()
+
+
+# ---------------------------------------------------------------------- SystemMonitorHook
+def _proc_cpu_s() -> float:
+    return time.process_time()
+
+
+def _proc_rss() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _proc_meminfo() -> tuple[int, int] | None:
+    """(total, available) bytes from /proc/meminfo."""
+    try:
+        got: dict[str, int] = {}
+        with open("/proc/meminfo") as f:
+            for line in f:
+                k, _, rest = line.partition(":")
+                got[k] = int(rest.split()[0]) * 1024
+        return got["MemTotal"], got.get("MemAvailable", got.get("MemFree", 0))
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+class _Sampler:
+    """The sampling thread: reads CPU, memory and GPU every ``interval`` s, keeps the last."""
+
+    def __init__(self, hook: SystemMonitorHook) -> None:
+        self.hook = hook
+        self.last: dict[str, Any] = {}
+        self.samples = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="pprobe-sysmon", daemon=True)
+        try:
+            import psutil
+
+            self.ps: Any = psutil.Process()
+            self.psutil: Any = psutil
+            self.ps.cpu_percent(None)  # the first call only starts the interval
+        except Exception:  # not installed (it is no dependency): /proc
+            self.ps = self.psutil = None
+        self.nvml: Any = None
+        if hook.track_gpu or hook.track_gpu_memory:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nvml = pynvml
+            except Exception:
+                self.nvml = None
+        self._cpu0 = (time.monotonic(), _proc_cpu_s())
+
+    def start(self) -> None:
+        self.sample()
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5)
+        if self.nvml is not None:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    def _loop(self) -> None:
+        state.local.depth = state.INTERNAL  # nothing this thread does is recorded
+        while not self.stopping.wait(self.hook.interval):
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - the program goes on
+                from .. import _report
+
+                _report.internal_error(f"hook {self.hook.name} sampling", e)
+                return
+
+    def sample(self) -> None:
+        h = self.hook
+        s: dict[str, Any] = {"sampled_ts_ns": time.time_ns()}
+        if h.track_cpu:
+            if self.ps is not None:
+                s["cpu_percent"] = float(self.ps.cpu_percent(None))
+            else:
+                t, c = time.monotonic(), _proc_cpu_s()
+                dt = t - self._cpu0[0]
+                s["cpu_percent"] = 100.0 * (c - self._cpu0[1]) / dt if dt > 0 else 0.0
+                self._cpu0 = (t, c)
+        if h.track_memory:
+            if self.ps is not None:
+                s["rss_bytes"] = int(self.ps.memory_info().rss)
+                vm = self.psutil.virtual_memory()
+                s["sys_mem_total_bytes"] = int(vm.total)
+                s["sys_mem_used_bytes"] = int(vm.total - vm.available)
+            else:
+                s["rss_bytes"] = _proc_rss()
+                mi = _proc_meminfo()
+                if mi is not None:
+                    s["sys_mem_total_bytes"] = mi[0]
+                    s["sys_mem_used_bytes"] = mi[0] - mi[1]
+            if s.get("sys_mem_total_bytes"):
+                s["sys_mem_percent"] = 100.0 * s["sys_mem_used_bytes"] / s["sys_mem_total_bytes"]
+        if h.track_gpu or h.track_gpu_memory:
+            s["gpus"] = self._gpus()
+        self.last = s
+        self.samples += 1
+
+    def _gpus(self) -> list[dict[str, Any]]:
+        """One dict per GPU: pynvml when present, else torch.cuda's allocator (no
+        utilisation), else none. torch.cuda is read only when the program initialised it."""
+        h = self.hook
+        out: list[dict[str, Any]] = []
+        if self.nvml is not None:
+            nv = self.nvml
+            for i in range(nv.nvmlDeviceGetCount()):
+                d = nv.nvmlDeviceGetHandleByIndex(i)
+                g: dict[str, Any] = {"gpu": i, "gpu_source": "nvml"}
+                if h.track_gpu:
+                    g["gpu_util_percent"] = float(nv.nvmlDeviceGetUtilizationRates(d).gpu)
+                if h.track_gpu_memory:
+                    m = nv.nvmlDeviceGetMemoryInfo(d)
+                    g["gpu_mem_used_bytes"], g["gpu_mem_total_bytes"] = int(m.used), int(m.total)
+                out.append(g)
+            return out
+        torch = _torch()
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not h.track_gpu_memory:
+            return out
+        try:
+            if not cuda.is_initialized():
+                return out
+            for i in range(cuda.device_count()):
+                out.append({"gpu": i, "gpu_source": "torch.cuda",
+                            "gpu_mem_used_bytes": int(cuda.memory_allocated(i)),
+                            "gpu_mem_reserved_bytes": int(cuda.memory_reserved(i))})  # fmt: skip
+        except Exception:
+            pass
+        return out
+
+
+@HookRegistry.register("SystemMonitorHook")
+class SystemMonitorHook(BaseHook):
+    """CPU %, RSS, system memory, GPU utilisation and memory into python.system_monitor.
+
+    A daemon thread (``pprobe-sysmon``) samples every ``interval`` seconds; ``after_step`` (at
+    the hook's ``frequency``) and ``after_epoch`` record the latest sample, one row per GPU
+    (``gpu`` NULL on a machine without one).
+    """
+
+    def __init__(self, name: str | None = None, frequency: int = 1, interval: float = 1.0,
+                 track_cpu: bool = True, track_memory: bool = True, track_gpu: bool = True,
+                 track_gpu_memory: bool = True, **params: Any) -> None:  # fmt: skip
+        super().__init__(name, frequency, **params)
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval <= 0:
+            raise ValueError(f"interval must be a number of seconds > 0, got {interval!r}")
+        self.interval = float(interval)
+        self.track_cpu, self.track_memory = bool(track_cpu), bool(track_memory)
+        self.track_gpu, self.track_gpu_memory = bool(track_gpu), bool(track_gpu_memory)
+        self.sampler: _Sampler | None = None
+
+    def _start(self) -> _Sampler:
+        if self.sampler is None:
+            self.sampler = _Sampler(self)
+            self.sampler.start()
+        return self.sampler
+
+    def before_training(self, model: Any = None) -> None:
+        self._start()
+
+    def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
+        self._record({"event": "step", "step": step})
+
+    def after_epoch(self, epoch: int, model: Any = None, metrics: Any = None) -> None:
+        self._record({"event": "epoch", "epoch": epoch})
+
+    def _record(self, where: dict[str, Any]) -> None:
+        s = dict(self._start().last)
+        gpus = s.pop("gpus", None) or [{}]
+        record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
+
+    def after_training(self, model: Any = None, metrics: Any = None) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        sm, self.sampler = self.sampler, None
+        if sm is not None:
+            sm.stop()
+
+
+# ---------------------------------------------------------------------- GradientFlowHook
+#: The statistics GradientFlowHook computes per parameter, in its table's column order.
+GRAD_STATS = ("norm", "max_abs", "mean", "zero_frac", "nan_count", "inf_count")
+
+
+def grad_stats(torch: Any, grads: list[Any]) -> Any:
+    """A (len(grads), 6) float64 tensor of :data:`GRAD_STATS` on the grads' device.
+
+    Only kernel launches: nothing here waits for the device (no ``.item()``, no ``.cpu()``);
+    the caller moves the result to the host in one transfer."""
+    gs = [g.detach() for g in grads]
+    norms = torch._foreach_norm(gs)  # one fused launch per device and dtype
+    maxs = torch._foreach_norm(gs, math.inf)
+    cols = [
+        torch.stack([n.double() for n in norms]),
+        torch.stack([m.double() for m in maxs]),
+        torch.stack(
+            [g.double().mean() if g.numel() else g.new_zeros((), dtype=torch.float64) for g in gs]
+        ),  # fmt: skip
+        torch.stack([(g == 0).sum().double() / max(1, g.numel()) for g in gs]),
+        torch.stack([torch.isnan(g).sum().double() for g in gs]),
+        torch.stack([torch.isinf(g).sum().double() for g in gs]),
+    ]
+    return torch.stack(cols, dim=1)
+
+
+@HookRegistry.register("GradientFlowHook")
+class GradientFlowHook(BaseHook):
+    """Per parameter per step: grad norm, max |g|, mean, fraction of zeros, NaN and inf counts,
+    into python.gradient_flow.
+
+    Where the gradients are read: when an optimizer is known (the ``optimizer`` service, or
+    ``optimizer=`` here), in its step pre-hook, so exactly the gradients the step uses, wherever
+    the loop calls ``zero_grad``; ``before_step`` arms it on the steps the hook fires at. Without
+    one, in ``after_step`` from the model's ``.grad`` as they are then.
+
+    On an accelerator the statistics are computed on the device, stacked into one tensor and
+    copied to pinned host memory without waiting (``non_blocking``); the rows are written
+    when that copy's CUDA event has completed (checked at the next ``after_step``, waited for
+    at ``cleanup``). Nothing synchronises the program's stream per step.
+    """
+
+    def __init__(self, name: str | None = None, frequency: int = 1, optimizer: Any = None,
+                 **params: Any) -> None:  # fmt: skip
+        super().__init__(name, frequency, **params)
+        self.optimizer = optimizer
+        self._hooked: Any = None  # the optimizer whose pre-hook is installed
+        self._handle: Any = None
+        self._armed: int | None = None  # the step the pre-hook captures for
+        self._captured: tuple[int, list[str], Any] | None = None
+        self._inflight: list[tuple[int, list[str], Any, Any]] = []  # (step, names, host, event)
+        self._names: dict[int, str] = {}
+        self._model: Any = None
+
+    def _opt(self) -> Any:
+        return self.optimizer if self.optimizer is not None else self.get_service("optimizer")
+
+    def _install(self, model: Any) -> None:
+        if model is not None and model is not self._model:
+            self._model = model
+            try:
+                self._names = {id(p): n for n, p in model.named_parameters()}
+            except Exception:
+                self._names = {}
+        opt = self._opt()
+        if opt is not None and opt is not self._hooked and hasattr(opt, "register_step_pre_hook"):
+            if self._handle is not None:
+                self._handle.remove()
+            self._handle = opt.register_step_pre_hook(self._pre)
+            self._hooked = opt
+
+    def before_training(self, model: Any = None) -> None:
+        self._install(model if model is not None else self.get_service("model"))
+
+    def before_step(self, step: int, model: Any = None) -> None:
+        self._install(model if model is not None else self.get_service("model"))
+        self._armed = step if self._hooked is not None else None
+
+    def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step pre-hook: the grads as the step will use them."""
+        step, self._armed = self._armed, None
+        if step is None:
+            return
+        with state.internal():
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            self._captured = self._compute(step, params)
+
+    def _param_name(self, p: Any, i: int) -> str:
+        return self._names.get(id(p)) or f"param{i}"
+
+    def _compute(self, step: int, params: list[Any]) -> tuple[int, list[str], Any] | None:
+        torch = _torch()
+        if torch is None or not params:
+            return None
+        with torch.no_grad():
+            names: list[str] = []
+            parts: list[Any] = []
+            by_dev: dict[Any, list[int]] = {}
+            for i, p in enumerate(params):
+                by_dev.setdefault(p.grad.device, []).append(i)
+            for _dev, idx in by_dev.items():
+                names.extend(self._param_name(params[i], i) for i in idx)
+                parts.append(grad_stats(torch, [params[i].grad for i in idx]))
+        return step, names, parts
+
+    def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
+        got, self._captured = self._captured, None
+        if got is None or got[0] != step:
+            m = model if model is not None else self.get_service("model")
+            self._install(m)
+            params = list(m.parameters()) if m is not None else []
+            params = [p for p in params if p.grad is not None]
+            got = self._compute(step, params)
+        if got is not None:
+            self._transfer(*got)
+        self._drain(wait=False)
+
+    def _transfer(self, step: int, names: list[str], parts: list[Any]) -> None:
+        torch = _torch()
+        for t in parts:
+            if t.device.type == "cuda":
+                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                host.copy_(t, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                self._inflight.append((step, names[: len(t)], host, ev))
+            else:
+                self._inflight.append((step, names[: len(t)], t.cpu(), None))
+            names = names[len(t) :]
+
+    def _drain(self, wait: bool) -> None:
+        while self._inflight:
+            step, names, host, ev = self._inflight[0]
+            if ev is not None and not ev.query():
+                if not wait:
+                    return
+                ev.synchronize()
+            self._inflight.pop(0)
+            rows = host.tolist()
+            record("gradient_flow", [
+                {"hook": self.name, "step": step, "param": n,
+                 **{k: (int(v) if k.endswith("_count") else v) for k, v in zip(GRAD_STATS, r)}}
+                for n, r in zip(names, rows)
+            ])  # fmt: skip
+
+    def after_training(self, model: Any = None, metrics: Any = None) -> None:
+        self._drain(wait=True)
+
+    def cleanup(self) -> None:
+        self._drain(wait=True)
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = self._hooked = None
+
+
+# ---------------------------------------------------------------------- FeatureMapHook
+def png_gray(pixels: Any) -> bytes:
+    """An 8-bit grayscale PNG of a 2-D uint8 NumPy array (zlib + struct, no library)."""
+    h, w = pixels.shape
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
+
+    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(h))  # filter 0 per row
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
+
+
+def feature_grid(maps: Any, pad: int = 1) -> Any:
+    """(C, H, W) float maps -> one uint8 grid image, each channel scaled to 0..255 on its own
+    min..max (a constant channel is 0), ``ceil(sqrt(C))`` columns, ``pad`` pixels between."""
+    import numpy as np
+
+    c, h, w = maps.shape
+    cols = max(1, math.ceil(math.sqrt(c)))
+    rows = max(1, math.ceil(c / cols))
+    out = np.zeros((rows * h + (rows - 1) * pad, cols * w + (cols - 1) * pad), dtype=np.uint8)
+    for k in range(c):
+        m = maps[k].astype(np.float64)
+        lo, hi = float(m.min()), float(m.max())
+        img = np.zeros_like(m) if hi <= lo else (m - lo) * (255.0 / (hi - lo))
+        r, q = divmod(k, cols)
+        y, x = r * (h + pad), q * (w + pad)
+        out[y : y + h, x : x + w] = np.rint(img).astype(np.uint8)
+    return out
+
+
+@HookRegistry.register("FeatureMapHook")
+class FeatureMapHook(BaseHook):
+    """Per module activation statistics (mean, std, min, max, fraction of zeros) into
+    python.feature_maps on the steps the hook fires at; for convolution outputs, a PNG grid of
+    up to ``max_features`` channels of batch item ``sample_batch_idx``, under the run's
+    visualization folder (``<hook name>/step<step>_<module>.png``).
+
+    ``modules``: module names (as in ``named_modules()``) or class names to watch; default
+    every leaf module. Forward hooks are installed on the model (``before_training`` /
+    ``before_step``'s ``model``, else the ``model`` service) and record only between
+    ``before_step`` and ``after_step`` of the steps the hook fires at.
+    """
+
+    def __init__(self, name: str | None = None, frequency: int = 100, max_features: int = 16,
+                 sample_batch_idx: int = 0, modules: list[str] | None = None,
+                 save_images: bool = True, **params: Any) -> None:  # fmt: skip
+        super().__init__(name, frequency, **params)
+        if not isinstance(max_features, int) or max_features < 1:
+            raise ValueError(f"max_features must be an integer >= 1, got {max_features!r}")
+        if not isinstance(sample_batch_idx, int) or sample_batch_idx < 0:
+            raise ValueError(f"sample_batch_idx must be an integer >= 0, got {sample_batch_idx!r}")
+        self.max_features = max_features
+        self.sample_batch_idx = sample_batch_idx
+        self.modules = list(modules) if modules else None
+        self.save_images = bool(save_images)
+        self._model: Any = None
+        self._handles: list[Any] = []
+        self._step: int | None = None
+        self.images: list[str] = []  # PNG paths written
+
+    def _install(self, model: Any) -> None:
+        if model is None or model is self._model or not hasattr(model, "named_modules"):
+            return
+        self._remove()
+        self._model = model
+        for mname, mod in model.named_modules():
+            if self.modules is not None:
+                if mname not in self.modules and type(mod).__name__ not in self.modules:
+                    continue
+            elif any(True for _ in mod.children()):
+                continue
+            self._handles.append(mod.register_forward_hook(self._make(mname or "model")))
+
+    def _make(self, mname: str) -> Any:
+        def fwd(mod: Any, inputs: Any, output: Any) -> None:
+            if self._step is None:
+                return
+            with state.internal():
+                try:
+                    self._observe(self._step, mname, mod, output)
+                except Exception as e:  # noqa: BLE001 - a hook never breaks the forward
+                    from . import dispatch
+
+                    dispatch._failed(self, f"forward[{mname}]", e)
+
+        return fwd
+
+    def _observe(self, step: int, mname: str, mod: Any, output: Any) -> None:
+        torch = _torch()
+        if torch is None or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+            return
+        with torch.no_grad():
+            x = output.detach()
+            xs = x.double()
+            st = torch.stack([xs.mean(), xs.std() if x.numel() > 1 else xs.new_zeros(()),
+                              xs.min(), xs.max(), (x == 0).double().mean()]).tolist()  # fmt: skip
+        row: dict[str, Any] = {"hook": self.name, "step": step, "module": mname,
+                               "module_type": type(mod).__name__, "shape": list(x.shape),
+                               "mean": st[0], "std": st[1], "min": st[2], "max": st[3],
+                               "zero_frac": st[4], "image": None}  # fmt: skip
+        conv = "Conv" in type(mod).__name__ and x.dim() >= 3
+        if conv and self.save_images and x.shape[0] > self.sample_batch_idx:
+            row["image"] = self._image(step, mname, x[self.sample_batch_idx])
+        record("feature_maps", row)
+
+    def _image(self, step: int, mname: str, x: Any) -> str | None:
+        vis = service_dir(self, "visualization_dir", "visualization")
+        if vis is None:
+            return None
+        maps = x[: self.max_features]
+        if maps.dim() == 2:  # Conv1d: (C, L) -> C strips of height 1
+            maps = maps.unsqueeze(1)
+        while maps.dim() > 3:  # Conv3d: the middle slice of each depth
+            maps = maps[:, maps.shape[1] // 2]
+        arr = maps.float().cpu().numpy()
+        folder = os.path.join(vis, self.name)
+        os.makedirs(folder, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in mname)
+        path = os.path.join(folder, f"step{step:06d}_{safe}.png")
+        with open(path, "wb") as f:
+            f.write(png_gray(feature_grid(arr)))
+        self.images.append(path)
+        base = run_dir(self)
+        return os.path.relpath(path, base) if base and path.startswith(base) else path
+
+    def before_training(self, model: Any = None) -> None:
+        self._install(model if model is not None else self.get_service("model"))
+
+    def before_step(self, step: int, model: Any = None) -> None:
+        self._install(model if model is not None else self.get_service("model"))
+        self._step = step
+
+    def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
+        self._step = None
+
+    def _remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._model = None
+
+    def after_training(self, model: Any = None, metrics: Any = None) -> None:
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        self._step = None
+        self._remove()
+
+
+__all__ = [
+    "GRAD_STATS",
+    "FeatureMapHook",
+    "GradientFlowHook",
+    "SystemMonitorHook",
+    "TimeTrackingHook",
+    "feature_grid",
+    "grad_stats",
+    "png_gray",
+]
