@@ -77,6 +77,9 @@ static: dict[str, tuple[Any, str | None]] = {}
 pending: dict[str, list[dict[str, Any]]] = {}
 #: table -> rows already written by this process, kept only when no run records them
 memory: dict[str, list[dict[str, Any]]] = {}
+#: Functions called with (table, rows) for every batch of rows added (the exporters' tap:
+#: pprobe.hooks.exporters); they must not block.
+taps: list[Callable[[str, list[dict[str, Any]]], None]] = []
 _steps_seen = 0
 _every: int | None = None
 _active = False
@@ -187,6 +190,8 @@ def _add(table: str, rows: list[dict[str, Any]], std: dict[str, Any] | None = No
     out = [{**std, **r} for r in rows]  # the user's column wins over pprobe's of the same name
     with _lock:
         pending.setdefault(table, []).extend(out)
+    for tap in taps:
+        tap(table, out)
 
 
 def _is_pandas(x: Any) -> bool:
