@@ -10,6 +10,7 @@ tensors (detached, under ``torch.no_grad``), never write them, and run with reco
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import struct
@@ -57,6 +58,19 @@ def service_dir(hook: BaseHook, service: str, default: str) -> str | None:
 def _torch() -> Any:
     """torch when the program imported it (a hook never imports it)."""
     return sys.modules.get("torch")
+
+
+def _plain(torch: Any, tensors: list[Any]) -> Any:
+    """A context for the hooks' own torch calls: ``torch._C.DisableTorchFunction`` (no
+    ``__torch_function__`` mode, pprobe's interceptor included, sees them: about half of their
+    cost under the probe) when every tensor is a plain tensor; a tensor subclass (DTensor, ...)
+    keeps its dispatch, so then nothing is disabled."""
+    import contextlib
+
+    plain = (torch.Tensor, torch.nn.Parameter)
+    if all(type(t) in plain for t in tensors):
+        return torch._C.DisableTorchFunction()
+    return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------- TimeTrackingHook
@@ -393,25 +407,48 @@ class SystemMonitorHook(BaseHook):
 GRAD_STATS = ("norm", "max_abs", "mean", "zero_frac", "nan_count", "inf_count")
 
 
-def grad_stats(torch: Any, grads: list[Any]) -> Any:
-    """A (len(grads), 6) float64 tensor of :data:`GRAD_STATS` on the grads' device.
+def grad_stats(torch: Any, grads: list[Any], counts: bool) -> tuple[Any, Any]:
+    """Two 1-D tensors on the grads' device: floats ``norms + mins + maxs + sums`` (4 per
+    grad, in the widest of the grads' dtypes) and int64 ``nonzeros [+ nans + infs]`` (the NaN
+    and inf counts only with ``counts``).
 
-    Only kernel launches: nothing here waits for the device (no ``.item()``, no ``.cpu()``);
-    the caller moves the result to the host in one transfer."""
-    gs = [g.detach() for g in grads]
-    norms = torch._foreach_norm(gs)  # one fused launch per device and dtype
-    maxs = torch._foreach_norm(gs, math.inf)
-    cols = [
-        torch.stack([n.double() for n in norms]),
-        torch.stack([m.double() for m in maxs]),
-        torch.stack(
-            [g.double().mean() if g.numel() else g.new_zeros((), dtype=torch.float64) for g in gs]
-        ),  # fmt: skip
-        torch.stack([(g == 0).sum().double() / max(1, g.numel()) for g in gs]),
-        torch.stack([torch.isnan(g).sum().double() for g in gs]),
-        torch.stack([torch.isinf(g).sum().double() for g in gs]),
-    ]
-    return torch.stack(cols, dim=1)
+    Only kernel launches: nothing here waits for the device (no ``.item()``, no ``.cpu()``).
+    About 4 + 3 per grad launches (5 per grad with ``counts``), none per element in Python."""
+    low = (torch.float16, torch.bfloat16)
+    norms = list(torch._foreach_norm(grads))  # one fused launch per device and dtype
+    mins, maxs = [], []
+    for g in grads:
+        lo, hi = torch.aminmax(g) if g.numel() else (g.new_zeros(()), g.new_zeros(()))
+        mins.append(lo)
+        maxs.append(hi)
+    sums = [g.sum(dtype=torch.float32) if g.dtype in low else g.sum() for g in grads]
+    ints = [torch.count_nonzero(g) for g in grads]
+    if counts:
+        ints += [torch.isnan(g).sum() for g in grads] + [torch.isinf(g).sum() for g in grads]
+    return torch.stack(norms + mins + maxs + sums), torch.stack(ints)
+
+
+def _rows(hook: str, step: int, names: list[str], numels: list[int], fl: list[float],
+          ints: list[int], counts: dict[int, tuple[int, int]] | None,
+          ) -> list[dict[str, Any]]:  # fmt: skip
+    """The python.gradient_flow rows of one step from :func:`grad_stats`' host values;
+    ``counts``: (nan, inf) per index when they were not in ``ints`` (0, 0 where the norm is
+    finite: every element is)."""
+    n = len(names)
+    out = []
+    for i, name in enumerate(names):
+        size = max(1, numels[i])
+        if counts is None:
+            nan, inf = ints[n + i], ints[2 * n + i]
+        else:
+            nan, inf = counts.get(i, (0, 0))
+        lo, hi = fl[n + i], fl[2 * n + i]
+        max_abs = hi if lo != lo or hi != hi else max(-lo, hi)  # NaN: aminmax says NaN
+        out.append({"hook": hook, "step": step, "param": name, "numel": numels[i],
+                    "norm": fl[i], "max_abs": max_abs, "mean": fl[3 * n + i] / size,
+                    "zero_frac": (numels[i] - ints[i]) / size,
+                    "nan_count": nan, "inf_count": inf})  # fmt: skip
+    return out
 
 
 @HookRegistry.register("GradientFlowHook")
@@ -424,21 +461,39 @@ class GradientFlowHook(BaseHook):
     the loop calls ``zero_grad``; ``before_step`` arms it on the steps the hook fires at. Without
     one, in ``after_step`` from the model's ``.grad`` as they are then.
 
-    On an accelerator the statistics are computed on the device, stacked into one tensor and
+    On an accelerator the statistics are computed on the device, stacked into two tensors and
     copied to pinned host memory without waiting (``non_blocking``); the rows are written
     when that copy's CUDA event has completed (checked at the next ``after_step``, waited for
-    at ``cleanup``). Nothing synchronises the program's stream per step.
+    at ``after_training`` / ``cleanup``). Nothing synchronises the program's stream per step.
+    On the CPU (``async_cpu``, the default) the training thread only copies the grads into a
+    snapshot buffer (one fused ``torch._foreach_copy_``; buffer sets up to
+    ``max_snapshot_bytes`` in all, default 64 MiB; when none is free the statistics are
+    computed at once) and the ``pprobe-gradflow`` thread, waking every 0.05 s, computes and
+    writes them. There the NaN and inf counts are computed only
+    for parameters whose norm is not finite (a finite norm means every element is finite).
     """
 
     def __init__(self, name: str | None = None, frequency: int = 1, optimizer: Any = None,
+                 async_cpu: bool = True, max_snapshot_bytes: int = 64 << 20,
                  **params: Any) -> None:  # fmt: skip
         super().__init__(name, frequency, **params)
         self.optimizer = optimizer
+        self.async_cpu = bool(async_cpu)
+        self.max_snapshot_bytes = int(max_snapshot_bytes)
+        self._lock = threading.Lock()
+        self.poll = 0.05
+        self._free: list[tuple[Any, list[Any]]] = []  # CPU snapshot buffer sets not in use
+        self._buf_bytes = 0
+        self._jobs: collections.deque[Any] = collections.deque()
+        self._job_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
         self._hooked: Any = None  # the optimizer whose pre-hook is installed
         self._handle: Any = None
         self._armed: int | None = None  # the step the pre-hook captures for
-        self._captured: tuple[int, list[str], Any] | None = None
-        self._inflight: list[tuple[int, list[str], Any, Any]] = []  # (step, names, host, event)
+        self._captured: int | None = None  # the step the pre-hook computed
+        #: (step, names, numels, [host floats, host ints], CUDA event) not yet written
+        self._inflight: list[tuple[int, list[str], list[int], list[Any], Any]] = []
         self._names: dict[int, str] = {}
         self._model: Any = None
 
@@ -473,71 +528,137 @@ class GradientFlowHook(BaseHook):
             return
         with state.internal():
             params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-            self._captured = self._compute(step, params)
+            self._compute(step, params)
+            self._captured = step
 
     def _param_name(self, p: Any, i: int) -> str:
         return self._names.get(id(p)) or f"param{i}"
 
-    def _compute(self, step: int, params: list[Any]) -> tuple[int, list[str], Any] | None:
+    def _compute(self, step: int, params: list[Any]) -> None:
+        """Launch the statistics; on the CPU write the rows now, on an accelerator copy them
+        to pinned host memory without waiting and write them once the copy is done."""
         torch = _torch()
         if torch is None or not params:
-            return None
-        with torch.no_grad():
-            names: list[str] = []
-            parts: list[Any] = []
-            by_dev: dict[Any, list[int]] = {}
-            for i, p in enumerate(params):
-                by_dev.setdefault(p.grad.device, []).append(i)
-            for _dev, idx in by_dev.items():
-                names.extend(self._param_name(params[i], i) for i in idx)
-                parts.append(grad_stats(torch, [params[i].grad for i in idx]))
-        return step, names, parts
+            return
+        by_dev: dict[Any, list[int]] = {}
+        for i, p in enumerate(params):
+            by_dev.setdefault(p.grad.device, []).append(i)
+        with torch.no_grad(), _plain(torch, [p.grad for p in params]):
+            for dev, idx in by_dev.items():
+                grads = [params[i].grad for i in idx]
+                names = [self._param_name(params[i], i) for i in idx]
+                numels = [g.numel() for g in grads]
+                if dev.type == "cpu":
+                    if not (self.async_cpu and self._snapshot(torch, step, names, numels, grads)):
+                        self._cpu_rows(torch, step, names, numels, grads)
+                    continue
+                # an accelerator: the NaN/inf counts are computed with the rest (no host check)
+                fl, it = grad_stats(torch, grads, counts=True)
+                hosts = []
+                for t in (fl, it):
+                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    h.copy_(t, non_blocking=True)
+                    hosts.append(h)
+                ev = torch.cuda.Event() if dev.type == "cuda" else None
+                if ev is not None:
+                    ev.record()
+                self._inflight.append((step, names, numels, hosts, ev))
+
+    def _cpu_rows(self, torch: Any, step: int, names: list[str], numels: list[int],
+                  grads: list[Any]) -> None:  # fmt: skip
+        """The statistics of CPU grads, computed and written now (on the calling thread)."""
+        with torch.no_grad(), _plain(torch, grads):
+            fl, it = grad_stats(torch, grads, counts=False)
+            flv, itv = fl.tolist(), it.tolist()
+            bad = [j for j in range(len(grads)) if not math.isfinite(flv[j])]
+            counts = {j: (int(torch.isnan(grads[j]).sum()), int(torch.isinf(grads[j]).sum()))
+                      for j in bad}  # fmt: skip
+        record("gradient_flow", _rows(self.name, step, names, numels, flv, itv, counts))
+
+    def _snapshot(self, torch: Any, step: int, names: list[str], numels: list[int],
+                  grads: list[Any]) -> bool:  # fmt: skip
+        """Copy CPU grads into a free buffer set (one fused ``_foreach_copy_``) and leave them
+        to the ``pprobe-gradflow`` thread (it wakes every ``poll`` s: no hand-off per step).
+        False (compute them now instead) when every buffer set is in use and another would
+        pass ``max_snapshot_bytes`` in all."""
+        nbytes = sum(g.numel() * g.element_size() for g in grads)
+        key = tuple((tuple(g.shape), g.dtype) for g in grads)
+        with self._lock:
+            bufs = next((b for b in self._free if b[0] == key), None)
+            if bufs is not None:
+                self._free.remove(bufs)
+            elif self._buf_bytes + nbytes <= self.max_snapshot_bytes:
+                self._buf_bytes += nbytes
+                bufs = (key, [torch.empty_like(g, memory_format=torch.contiguous_format)
+                              for g in grads])  # fmt: skip
+            else:
+                return False
+        torch._foreach_copy_(bufs[1], grads)
+        self._jobs.append((step, names, numels, bufs))
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="pprobe-gradflow",
+                                            daemon=True)  # fmt: skip
+            self._worker.start()
+        return True
+
+    def _work(self) -> None:
+        state.local.depth = state.INTERNAL  # nothing this thread does is recorded
+        while not self._stop.wait(self.poll):
+            self._run_jobs()
+
+    def _run_jobs(self) -> None:
+        """Write the statistics of every snapshot waiting (on whichever thread calls it)."""
+        torch = _torch()
+        while True:
+            with self._job_lock:  # one job at a time: a waiter knows the last one is done
+                try:
+                    step, names, numels, bufs = self._jobs.popleft()
+                except IndexError:
+                    return
+                try:
+                    with state.internal():
+                        self._cpu_rows(torch, step, names, numels, bufs[1])
+                except Exception as e:  # noqa: BLE001 - the program goes on
+                    from . import dispatch
+
+                    dispatch._failed(self, "after_step", e)
+                with self._lock:
+                    self._free.append(bufs)
 
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
-        got, self._captured = self._captured, None
-        if got is None or got[0] != step:
+        done, self._captured = self._captured, None
+        if done != step:  # the pre-hook did not see this step: the grads as they are now
             m = model if model is not None else self.get_service("model")
             self._install(m)
-            params = list(m.parameters()) if m is not None else []
-            params = [p for p in params if p.grad is not None]
-            got = self._compute(step, params)
-        if got is not None:
-            self._transfer(*got)
+            params = [p for p in (m.parameters() if m is not None else ()) if p.grad is not None]
+            self._compute(step, params)
         self._drain(wait=False)
 
-    def _transfer(self, step: int, names: list[str], parts: list[Any]) -> None:
-        torch = _torch()
-        for t in parts:
-            if t.device.type == "cuda":
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                ev = torch.cuda.Event()
-                ev.record()
-                self._inflight.append((step, names[: len(t)], host, ev))
-            else:
-                self._inflight.append((step, names[: len(t)], t.cpu(), None))
-            names = names[len(t) :]
-
     def _drain(self, wait: bool) -> None:
+        if wait:
+            self._run_jobs()  # the CPU snapshots not yet written
         while self._inflight:
-            step, names, host, ev = self._inflight[0]
+            step, names, numels, hosts, ev = self._inflight[0]
             if ev is not None and not ev.query():
                 if not wait:
                     return
                 ev.synchronize()
             self._inflight.pop(0)
-            rows = host.tolist()
-            record("gradient_flow", [
-                {"hook": self.name, "step": step, "param": n,
-                 **{k: (int(v) if k.endswith("_count") else v) for k, v in zip(GRAD_STATS, r)}}
-                for n, r in zip(names, rows)
-            ])  # fmt: skip
+            fl, it = hosts[0].tolist(), hosts[1].tolist()
+            record("gradient_flow", _rows(self.name, step, names, numels, fl, it, None))
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self._drain(wait=True)
 
     def cleanup(self) -> None:
         self._drain(wait=True)
+        w, self._worker = self._worker, None
+        if w is not None:
+            self._stop.set()
+            w.join(timeout=10)
+            self._stop = threading.Event()
+        self._run_jobs()
+        self._free, self._buf_bytes = [], 0
         if self._handle is not None:
             self._handle.remove()
             self._handle = self._hooked = None
@@ -645,7 +766,7 @@ class FeatureMapHook(BaseHook):
         torch = _torch()
         if torch is None or not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
-        with torch.no_grad():
+        with torch.no_grad(), _plain(torch, [output]):
             x = output.detach()
             xs = x.double()
             st = torch.stack([xs.mean(), xs.std() if x.numel() > 1 else xs.new_zeros(()),
@@ -704,7 +825,6 @@ class FeatureMapHook(BaseHook):
 
 
 __all__ = [
-    "GRAD_STATS",
     "FeatureMapHook",
     "GradientFlowHook",
     "SystemMonitorHook",
