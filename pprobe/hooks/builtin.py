@@ -10,6 +10,7 @@ tensors (detached, under ``torch.no_grad``), never write them, and run with reco
 
 from __future__ import annotations
 
+import atexit
 import collections
 import math
 import os
@@ -496,6 +497,7 @@ class GradientFlowHook(BaseHook):
         self._inflight: list[tuple[int, list[str], list[int], list[Any], Any]] = []
         self._names: dict[int, str] = {}
         self._model: Any = None
+        self._layout: tuple[Any, list[Any]] | None = None
 
     def _opt(self) -> Any:
         return self.optimizer if self.optimizer is not None else self.get_service("optimizer")
@@ -507,6 +509,7 @@ class GradientFlowHook(BaseHook):
                 self._names = {id(p): n for n, p in model.named_parameters()}
             except Exception:
                 self._names = {}
+            self._layout = None
         opt = self._opt()
         if opt is not None and opt is not self._hooked and hasattr(opt, "register_step_pre_hook"):
             if self._handle is not None:
@@ -527,29 +530,45 @@ class GradientFlowHook(BaseHook):
         if step is None:
             return
         with state.internal():
-            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-            self._compute(step, params)
+            self._compute(step, [p for g in opt.param_groups for p in g["params"]])
             self._captured = step
 
     def _param_name(self, p: Any, i: int) -> str:
         return self._names.get(id(p)) or f"param{i}"
 
     def _compute(self, step: int, params: list[Any]) -> None:
-        """Launch the statistics; on the CPU write the rows now, on an accelerator copy them
-        to pinned host memory without waiting and write them once the copy is done."""
+        """Launch the statistics of the parameters' grads (those that have one); on the CPU
+        hand them to the thread (or write the rows now), on an accelerator copy them to pinned
+        host memory without waiting and write them once the copy is done."""
         torch = _torch()
         if torch is None or not params:
             return
-        by_dev: dict[Any, list[int]] = {}
-        for i, p in enumerate(params):
-            by_dev.setdefault(p.grad.device, []).append(i)
-        with torch.no_grad(), _plain(torch, [p.grad for p in params]):
-            for dev, idx in by_dev.items():
-                grads = [params[i].grad for i in idx]
-                names = [self._param_name(params[i], i) for i in idx]
-                numels = [g.numel() for g in grads]
+        # Every tensor attribute read (.grad, .device, .numel()) under a torch function mode
+        # goes through the mode (pprobe's interceptor: several us each): all of them inside
+        with torch.no_grad(), _plain(torch, params):
+            grads_all = [p.grad for p in params]
+            # the layout (devices, names, sizes) is worked out once per parameter list
+            sig = tuple(id(p) if g is not None else 0 for p, g in zip(params, grads_all))
+            if self._layout is None or self._layout[0] != sig:
+                by_dev: dict[Any, list[int]] = {}
+                for i, g in enumerate(grads_all):
+                    if g is not None:
+                        by_dev.setdefault(g.device, []).append(i)
+                groups = []
+                for dev, idx in by_dev.items():
+                    gs = [grads_all[i] for i in idx]
+                    groups.append((dev, idx, [self._param_name(params[i], i) for i in idx],
+                                   [g.numel() for g in gs],
+                                   tuple((tuple(g.shape), g.dtype) for g in gs),
+                                   sum(g.numel() * g.element_size() for g in gs)))  # fmt: skip
+                self._layout = (sig, groups)
+            for dev, idx, names, numels, key, nbytes in self._layout[1]:
+                grads = [grads_all[i] for i in idx]
                 if dev.type == "cpu":
-                    if not (self.async_cpu and self._snapshot(torch, step, names, numels, grads)):
+                    if not (
+                        self.async_cpu
+                        and self._snapshot(torch, step, names, numels, grads, key, nbytes)
+                    ):
                         self._cpu_rows(torch, step, names, numels, grads)
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
@@ -576,13 +595,11 @@ class GradientFlowHook(BaseHook):
         record("gradient_flow", _rows(self.name, step, names, numels, flv, itv, counts))
 
     def _snapshot(self, torch: Any, step: int, names: list[str], numels: list[int],
-                  grads: list[Any]) -> bool:  # fmt: skip
+                  grads: list[Any], key: Any, nbytes: int) -> bool:  # fmt: skip
         """Copy CPU grads into a free buffer set (one fused ``_foreach_copy_``) and leave them
         to the ``pprobe-gradflow`` thread (it wakes every ``poll`` s: no hand-off per step).
         False (compute them now instead) when every buffer set is in use and another would
         pass ``max_snapshot_bytes`` in all."""
-        nbytes = sum(g.numel() * g.element_size() for g in grads)
-        key = tuple((tuple(g.shape), g.dtype) for g in grads)
         with self._lock:
             bufs = next((b for b in self._free if b[0] == key), None)
             if bufs is not None:
@@ -599,6 +616,9 @@ class GradientFlowHook(BaseHook):
             self._worker = threading.Thread(target=self._work, name="pprobe-gradflow",
                                             daemon=True)  # fmt: skip
             self._worker.start()
+            # at exit, before the session's own handler (registered earlier, so run later)
+            # writes the tables: the snapshots still waiting become rows
+            atexit.register(self._run_jobs)
         return True
 
     def _work(self) -> None:
@@ -630,8 +650,7 @@ class GradientFlowHook(BaseHook):
         if done != step:  # the pre-hook did not see this step: the grads as they are now
             m = model if model is not None else self.get_service("model")
             self._install(m)
-            params = [p for p in (m.parameters() if m is not None else ()) if p.grad is not None]
-            self._compute(step, params)
+            self._compute(step, list(m.parameters()) if m is not None else [])
         self._drain(wait=False)
 
     def _drain(self, wait: bool) -> None:
@@ -764,9 +783,11 @@ class FeatureMapHook(BaseHook):
 
     def _observe(self, step: int, mname: str, mod: Any, output: Any) -> None:
         torch = _torch()
-        if torch is None or not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        if torch is None or not isinstance(output, torch.Tensor):
             return
         with torch.no_grad(), _plain(torch, [output]):
+            if not output.is_floating_point():
+                return
             x = output.detach()
             xs = x.double()
             st = torch.stack([xs.mean(), xs.std() if x.numel() > 1 else xs.new_zeros(()),
