@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from typing import Any
 
 import _child  # noqa: F401  (first: it meters pprobe's writer from its first flush)
@@ -55,12 +56,32 @@ if ARGS.get("ext"):  # the extension API's cost: a table and a metric sampled ev
         return last["n"]
 
 
+_HOOKS = ARGS.get("hooks")  # the built-in hooks' cost (bench/hooks_cost.py)
+if _HOOKS:
+    from pprobe import hooks as _ph
+    from pprobe.hooks import builtin as _bi
+
+    _made = {
+        "time_sys": lambda: [_bi.TimeTrackingHook(frequency=10),
+                             _bi.SystemMonitorHook(frequency=10, interval=1.0)],
+        "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
+    }[_HOOKS]()  # fmt: skip
+    for _h in _made:
+        _ph.add(_h)
+    _ph.register_service("optimizer", opt)
+    _ph.emit("before_training", model=model)
+
+
 def step(i: int) -> float:
     xb, yb = data[i % len(data)]
+    if _HOOKS:  # what zero-code emission does at each step
+        _ph.emit("before_step", step=i, model=model)
     opt.zero_grad()
     loss = F.cross_entropy(model(xb), yb)
     loss.backward()
     opt.step()
+    if _HOOKS:
+        _ph.emit("after_step", step=i, model=model)
     return loss
 
 
@@ -151,9 +172,11 @@ def main() -> None:
         finally:
             shutil.rmtree(d, ignore_errors=True)
     else:
+        t0 = time.thread_time()
         with Span() as loop:
             for i in range(steps):
                 step(i)
+        out["loop_thread_s"] = time.thread_time() - t0  # the main thread's CPU only
         loop.put(out, "loop_s")
     out["final_loss"] = float(step(steps).detach())
     emit(out)
