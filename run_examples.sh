@@ -95,3 +95,21 @@ else
   echo
   echo "== lightning is not installed: skipping examples/lightning_run.py (pip install lightning)"
 fi
+
+if "$PY" -c "import torch" 2>/dev/null; then
+  echo
+  echo "== examples/hooks_builtin.py: the built-in hooks and the CSV exporter (docs/hooks-builtin.md)"
+  PYTHONPATH=bootstrap PPROBE_MODE=log "$PY" examples/hooks_builtin.py
+  "$PY" -m pprobe query "SELECT step, round(duration_s * 1000, 2) AS ms, round(samples_per_s) AS samples_per_s,
+                         round(eta_s, 3) AS eta_s FROM python.time_tracking WHERE event = 'step'
+                         ORDER BY step LIMIT 4"
+  "$PY" -m pprobe query "SELECT param, count(*) AS steps, round(avg(norm), 4) AS mean_norm,
+                         round(max(max_abs), 4) AS max_abs, round(avg(zero_frac), 3) AS zero_frac,
+                         sum(nan_count + inf_count) AS nonfinite
+                         FROM python.gradient_flow GROUP BY param ORDER BY param"
+  "$PY" -m pprobe query "SELECT module, step, round(mean, 4) AS mean, round(zero_frac, 3) AS zero_frac,
+                         image FROM python.feature_maps ORDER BY step, module"
+  "$PY" -m pprobe query "SELECT event, step, epoch, round(cpu_percent) AS cpu_percent,
+                         rss_bytes // 1048576 AS rss_mib FROM python.system_monitor ORDER BY ts_ns"
+  head -n 4 "$OUT/latest/logs/metrics.csv"
+fi

@@ -1,0 +1,54 @@
+"""The built-in hooks and two exporters on a small CNN, hooks added in code.
+
+PYTHONPATH=bootstrap PPROBE_MODE=log python examples/hooks_builtin.py
+pprobe query "SELECT param, round(avg(norm), 4) AS norm FROM python.gradient_flow GROUP BY 1"
+
+The loop emits the lifecycle points itself (``pprobe.hooks.emit``); with zero-code emission
+(docs/hooks.md) the same hooks fire without those lines.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pprobe import hooks
+from pprobe.hooks import builtin, exporters
+
+torch.manual_seed(0)
+model = nn.Sequential(
+    nn.Conv2d(1, 8, 3, padding=1),
+    nn.ReLU(),
+    nn.MaxPool2d(2),
+    nn.Flatten(),
+    nn.Linear(8 * 8 * 8, 10),
+)
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+data = [(torch.randn(16, 1, 16, 16), torch.randint(0, 10, (16,))) for _ in range(5)]
+EPOCHS = 2
+
+hooks.add(builtin.TimeTrackingHook(batch_size=16, total_steps=EPOCHS * len(data), log_to_file=True))
+hooks.add(builtin.SystemMonitorHook(frequency=5, interval=0.5))
+hooks.add(builtin.GradientFlowHook())
+hooks.add(builtin.FeatureMapHook(frequency=5, max_features=8, modules=["Conv2d", "ReLU"]))
+hooks.register_service("optimizer", opt)
+exporters.add("csv")  # <run>/logs/metrics.csv
+exporters.add("tensorboard")  # <run>/logs/tensorboard (needs the tensorboard package)
+
+hooks.emit("before_training", model=model)
+step = 0
+for epoch in range(EPOCHS):
+    hooks.emit("before_epoch", epoch=epoch, model=model)
+    for x, y in data:
+        hooks.emit("before_step", step=step, model=model)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        hooks.emit("after_step", step=step, model=model, metrics={"loss": float(loss.detach())})
+        step += 1
+    hooks.emit("after_epoch", epoch=epoch, model=model)
+hooks.emit("after_training", model=model)
+hooks.emit("cleanup")
+print(f"trained {step} steps, final loss {float(loss.detach()):.4f}")
