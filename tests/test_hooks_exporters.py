@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from helpers import run_script, sql
 
+from pprobe import hooks as ph
 from pprobe.ext import tables
 from pprobe.hooks import dispatch, exporters
 
@@ -255,3 +256,13 @@ def test_end_to_end_csv_and_tensorboard_match_the_tables(tmp_path: Path) -> None
         (x["step"], pytest.approx(x["value"], rel=1e-6)) for x in loss
     ]
     assert not [e for e in sql(run, "SELECT * FROM python.errors")]
+    assert len(list((run / "logs" / "tensorboard").iterdir())) == 1  # one writer
+    assert "internal error" not in r.err
+
+
+def test_closed_at_the_cleanup_point_after_the_hooks_last_rows() -> None:
+    mem = exporters.add(Memory())
+    ph.emit("after_training")
+    tables._add("metrics", [{"name": "last", "value": 1.0}], {"step": 9})
+    ph.emit("cleanup")
+    assert mem.closed and mem.got == [(9, {"last": 1.0})]

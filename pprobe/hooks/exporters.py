@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _report, state
+from .base import BaseHook
 
 #: Tables forwarded by default (``tables=`` changes it; ``"*"``: every table but errors).
 DEFAULT_TABLES = ("metrics", "time_tracking", "system_monitor", "gradient_flow", "feature_maps")
@@ -133,6 +134,10 @@ class TensorBoardExporter(Exporter):
         for tag, v in values.items():
             w.add_scalar(tag, v, global_step=step)
 
+    def flush(self) -> None:
+        if self._w is not None:
+            self._w.flush()
+
     def close(self) -> None:
         w, self._w = self._w, None
         if w is not None:
@@ -215,6 +220,7 @@ class Forwarder:
         self.cooldown, self.poll = float(cooldown), float(poll)
         self.targets: list[_Target] = []
         self._lock = threading.Lock()
+        self._pump_lock = threading.Lock()
         self._queue: collections.deque[tuple[str, list[dict[str, Any]]]] = collections.deque()
         self._queued = 0  # rows in _queue
         self.dropped = 0  # rows dropped at the shared buffer (not yet recorded)
@@ -268,8 +274,19 @@ class Forwarder:
             except Exception as e:  # noqa: BLE001 - the program goes on
                 _report.internal_error("forwarding rows to the exporters", e)
 
-    def pump(self, now: float, final: bool = False) -> None:
-        """Move the buffered rows to each exporter's queue, then send what may be sent."""
+    def pump(self, now: float, final: bool = False, timeout: float = -1) -> bool:
+        """Move the buffered rows to each exporter's queue, then send what may be sent (one
+        thread at a time: the exporter thread, or the exit handler). False when another
+        thread pumps for longer than ``timeout`` s (an exporter stuck in ``log``)."""
+        if not self._pump_lock.acquire(timeout=timeout):
+            return False
+        try:
+            self._pump(now, final)
+        finally:
+            self._pump_lock.release()
+        return True
+
+    def _pump(self, now: float, final: bool) -> None:
         with self._lock:
             batch = list(self._queue)
             self._queue.clear()
@@ -374,7 +391,9 @@ class Forwarder:
         prev = getattr(state.local, "depth", 0)
         state.local.depth = state.INTERNAL
         try:
-            self.pump(time.monotonic(), final=True)
+            if not self.pump(time.monotonic(), final=True, timeout=timeout):
+                _report._emit("pprobe: an exporter is still busy at the end; its rows are "
+                              "counted as dropped.")  # fmt: skip
             for t in self.targets:
                 if t.pending:
                     t.dropped += len(t.pending)
@@ -393,17 +412,51 @@ _forwarder: Forwarder | None = None
 _atexit = False
 
 
+class _CloseAtCleanup(BaseHook):
+    """Closes the exporters at the ``cleanup`` point (after every hook's ``after_training``,
+    so their last rows are sent)."""
+
+    def cleanup(self) -> None:
+        close()
+
+
 def forwarder(**settings: Any) -> Forwarder:
     """The process's forwarder (made on first use; ``settings`` apply only then)."""
     global _forwarder, _atexit
     if _forwarder is None or _forwarder._closed:
         _forwarder = Forwarder(**settings)
+        from . import dispatch
+
+        dispatch.add(_CloseAtCleanup(name="exporters"))
         if not _atexit:
             _atexit = True
-            # registered after the session's own atexit handler, so it runs before it: the
-            # last values and the dropped counts reach python.errors before the final flush
-            atexit.register(close)
+            # registered after the session's own atexit handler, so it runs before it: what
+            # is buffered is sent and the dropped counts reach python.errors before the
+            # session's final flush (the exporters are closed at ``cleanup``, which the
+            # session's stop emits after the hooks' last rows)
+            atexit.register(_at_exit)
     return _forwarder
+
+
+def _at_exit() -> None:
+    f = _forwarder
+    if f is None or f._closed:
+        return
+    prev = getattr(state.local, "depth", 0)
+    state.local.depth = state.INTERNAL
+    try:
+        f.pump(time.monotonic(), final=True, timeout=5.0)
+        for t in list(f.targets):
+            flush = getattr(t.exporter, "flush", None)
+            if callable(flush):
+                try:
+                    flush()
+                except Exception:  # noqa: BLE001
+                    pass
+    except Exception as e:  # noqa: BLE001 - exit goes on
+        _report.internal_error("sending the last rows to the exporters", e)
+    finally:
+        state.local.depth = prev
 
 
 def add(exporter: Any, **params: Any) -> Any:
