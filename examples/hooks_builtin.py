@@ -3,8 +3,9 @@
 PYTHONPATH=bootstrap PPROBE_MODE=log python examples/hooks_builtin.py
 pprobe query "SELECT param, round(avg(norm), 4) AS norm FROM python.gradient_flow GROUP BY 1"
 
-The loop emits the lifecycle points itself (``pprobe.hooks.emit``); with zero-code emission
-(docs/hooks.md) the same hooks fire without those lines.
+The loop emits the lifecycle points itself (``pprobe.hooks.claim`` + ``emit``, so that
+zero-code emission stands aside); without those lines, zero-code emission (docs/hooks.md)
+fires the same hooks at the optimizer steps.
 """
 
 from __future__ import annotations
@@ -36,19 +37,26 @@ hooks.register_service("optimizer", opt)
 exporters.add("csv")  # <run>/logs/metrics.csv
 exporters.add("tensorboard")  # <run>/logs/tensorboard (needs the tensorboard package)
 
-hooks.emit("before_training", model=model)
+hooks.claim("example")  # the points below come from this loop, not zero-code detection
+hooks.emit("before_training", source="example", model=model)
 step = 0
 for epoch in range(EPOCHS):
-    hooks.emit("before_epoch", epoch=epoch, model=model)
+    hooks.emit("before_epoch", source="example", epoch=epoch, model=model)
     for x, y in data:
-        hooks.emit("before_step", step=step, model=model)
+        hooks.emit("before_step", source="example", step=step, model=model)
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        hooks.emit("after_step", step=step, model=model, metrics={"loss": float(loss.detach())})
+        hooks.emit(
+            "after_step",
+            source="example",
+            step=step,
+            model=model,
+            metrics={"loss": float(loss.detach())},
+        )
         step += 1
-    hooks.emit("after_epoch", epoch=epoch, model=model)
-hooks.emit("after_training", model=model)
-hooks.emit("cleanup")
+    hooks.emit("after_epoch", source="example", epoch=epoch, model=model)
+hooks.emit("after_training", source="example", model=model)
+hooks.emit("cleanup", source="example")
 print(f"trained {step} steps, final loss {float(loss.detach()):.4f}")

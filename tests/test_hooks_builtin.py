@@ -318,19 +318,20 @@ if on:
                   ("SystemMonitorHook", {"interval": 0.01}), ("FeatureMapHook", {"frequency": 2})]:
         hooks.add(HookRegistry.create(t, **kw))
     hooks.register_service("optimizer", opt)
-    hooks.emit("before_training", model=model)
+    hooks.claim("script")  # this script emits the points itself: zero-code emission stops
+    hooks.emit("before_training", source="script", model=model)
 x, y = torch.randn(3, 1, 6, 6), torch.tensor([0, 1, 1])
 for step in range(5):
     if on:
-        hooks.emit("before_step", step=step, model=model)
+        hooks.emit("before_step", source="script", step=step, model=model)
     opt.zero_grad()
     F.cross_entropy(model(x), y).backward()
     opt.step()
     if on:
-        hooks.emit("after_step", step=step, model=model)
+        hooks.emit("after_step", source="script", step=step, model=model)
 if on:
-    hooks.emit("after_training", model=model)
-    hooks.emit("cleanup")
+    hooks.emit("after_training", source="script", model=model)
+    hooks.emit("cleanup", source="script")
 h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
 print("PARAMS", h.hexdigest())
 """
@@ -360,3 +361,81 @@ def test_end_to_end_tables_files_and_bit_identical(tmp_path: Path) -> None:
     # the hooks' own torch calls are not ops of the program
     n_on = sql(run, "SELECT count(*) AS n FROM ops")[0]["n"]
     assert n_on == sql(off.run_dir, "SELECT count(*) AS n FROM ops")[0]["n"]
+
+
+ZERO_CODE = """
+import json, torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+net = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+ds = TensorDataset(torch.randn(12, 1, 6, 6), torch.randint(0, 2, (12,)))
+loader = DataLoader(ds, batch_size=4, shuffle=False)
+norms = []
+for epoch in range(2):
+    for x, y in loader:
+        F.cross_entropy(net(x), y).backward()
+        norms.append({n: float(p.grad.double().norm()) for n, p in net.named_parameters()})
+        opt.step()
+        opt.zero_grad()  # after the step: the grads are gone by after_step
+json.dump({"norms": norms,
+           "weights": [p.detach().double().flatten().tolist() for p in net.parameters()]},
+          open("truth.json", "w"))
+"""
+
+ZERO_CODE_TOML = """
+mode = "log"
+[[hooks]]
+type = "TimeTrackingHook"
+total_epochs = 2
+log_to_file = true
+[[hooks]]
+type = "SystemMonitorHook"
+frequency = 2
+interval = 0.05
+[[hooks]]
+type = "GradientFlowHook"
+[[hooks]]
+type = "FeatureMapHook"
+frequency = 3
+max_features = 2
+"""
+
+
+def test_zero_code_from_pprobe_toml(tmp_path: Path) -> None:
+    """No line of hook code: the four built-ins from pprobe.toml on a plain torch loop with a
+    DataLoader (zero-code emission, the lifecycle branch); the results are unchanged."""
+    import json
+
+    on, off = tmp_path / "on", tmp_path / "off"
+    (on / "pprobe.toml").parent.mkdir(parents=True)
+    (on / "pprobe.toml").write_text(ZERO_CODE_TOML)
+    r = run_script(on, ZERO_CODE).check()
+    run_script(off, ZERO_CODE, env={"PPROBE_MODE": "log"}).check()
+    truth = json.loads((on / "truth.json").read_text())
+    assert truth["weights"] == json.loads((off / "truth.json").read_text())["weights"]
+    run = r.run_dir
+    gf = sql(run, "SELECT step, param, norm FROM python.gradient_flow ORDER BY step, param")
+    assert [(x["step"], x["param"]) for x in gf] == [
+        (s, n) for s in range(6) for n in sorted(truth["norms"][0])
+    ]
+    for x in gf:
+        assert x["norm"] == pytest.approx(truth["norms"][x["step"]][x["param"]], rel=1e-5)
+    tt = sql(run, "SELECT * FROM python.time_tracking ORDER BY ts_ns")
+    steps = [x for x in tt if x["event"] == "step"]
+    assert [x["step"] for x in steps] == list(range(6))
+    assert [x["epoch"] for x in tt if x["event"] == "epoch"] == [0, 1]
+    for x in steps[1:]:  # batch size and total from the train_loader service
+        assert x["samples_per_s"] == pytest.approx(4 / x["avg_step_s"])
+    assert steps[-1]["eta_s"] == 0
+    assert (run / "logs" / "time_tracking.log").read_text().count("\n") == len(tt)
+    sm = sql(run, "SELECT step FROM python.system_monitor WHERE event = 'step' ORDER BY step")
+    assert [x["step"] for x in sm] == [0, 2, 4]
+    fm = sql(run, "SELECT step, image FROM python.feature_maps WHERE module = '0' ORDER BY step")
+    # zero-code before_step(0) fires at the first opt.step(), after step 0's forward
+    assert [x["step"] for x in fm] == [3]
+    for x in fm:
+        assert (run / x["image"]).read_bytes().startswith(b"\x89PNG")
+    assert "pprobe: hook" not in r.err  # no hook failed

@@ -225,15 +225,16 @@ exporters.add("csv")  # <run>/logs/metrics.csv
 exporters.add("tensorboard")  # <run>/logs/tensorboard
 hooks.add(builtin.GradientFlowHook())
 hooks.register_service("optimizer", opt)
+hooks.claim("script")  # this script emits the points itself: zero-code emission stops
 x, y = torch.randn(8, 4), torch.tensor([0, 1] * 4)
 for step in range(6):
-    hooks.emit("before_step", step=step, model=model)
+    hooks.emit("before_step", source="script", step=step, model=model)
     opt.zero_grad()
     loss = F.cross_entropy(model(x), y)
     loss.backward()
     opt.step()
     pprobe.record("metrics", {"name": "loss", "value": float(loss.detach()), "step": step})
-    hooks.emit("after_step", step=step, model=model)
+    hooks.emit("after_step", source="script", step=step, model=model)
 """
 
 
