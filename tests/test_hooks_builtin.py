@@ -401,6 +401,10 @@ type = "GradientFlowHook"
 type = "FeatureMapHook"
 frequency = 3
 max_features = 2
+[[hooks]]
+type = "ExportHook"
+exporter = "csv"
+path = "m.csv"
 """
 
 
@@ -439,3 +443,8 @@ def test_zero_code_from_pprobe_toml(tmp_path: Path) -> None:
     for x in fm:
         assert (run / x["image"]).read_bytes().startswith(b"\x89PNG")
     assert "pprobe: hook" not in r.err  # no hook failed
+    with open(run / "logs" / "m.csv") as fh:  # the exporter from [[hooks]]
+        csv_rows = [line.split(",") for line in fh.read().splitlines()[1:]]
+    got = {(int(c[0]), c[1]): float(c[2]) for c in csv_rows}
+    for x in gf:
+        assert got[(x["step"], f"gradient_flow/{x['param']}/norm")] == x["norm"]

@@ -845,7 +845,29 @@ class FeatureMapHook(BaseHook):
         self._remove()
 
 
+# ---------------------------------------------------------------------- ExportHook
+@HookRegistry.register("ExportHook")
+class ExportHook(BaseHook):
+    """An exporter from the configuration: ``[[hooks]] type = "ExportHook"`` with
+    ``exporter = "csv"`` (``path``) or ``"tensorboard"`` (``log_dir``). Made live when the hook
+    is built (pprobe.hooks.exporters.add); the exporters close at ``cleanup``."""
+
+    def __init__(self, name: str | None = None, frequency: int = 1, exporter: str = "csv",
+                 path: str | None = None, log_dir: str | None = None,
+                 **params: Any) -> None:  # fmt: skip
+        super().__init__(name, frequency, **params)
+        from . import exporters
+
+        kw: dict[str, Any] = {}
+        if path is not None:
+            kw["path"] = path
+        if log_dir is not None:
+            kw["log_dir"] = log_dir
+        self.exporter = exporters.add(exporter, **kw)
+
+
 __all__ = [
+    "ExportHook",
     "FeatureMapHook",
     "GradientFlowHook",
     "SystemMonitorHook",
