@@ -575,7 +575,7 @@ class GradientFlowHook(BaseHook):
                 fl, it = grad_stats(torch, grads, counts=True)
                 hosts = []
                 for t in (fl, it):
-                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=dev.type == "cuda")
                     h.copy_(t, non_blocking=True)
                     hosts.append(h)
                 ev = torch.cuda.Event() if dev.type == "cuda" else None
