@@ -491,6 +491,8 @@ def sample(reason: str = "demand") -> None:
             row["value"] = value
             with _lock:
                 pending.setdefault("metrics", []).append(row)
+            for tap in taps:
+                tap("metrics", [row])
         else:
             try:
                 rows = _rows_of(s.name, got)
