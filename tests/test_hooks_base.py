@@ -99,3 +99,26 @@ def test_a_claim_silences_other_sources() -> None:
     assert seen == ["auto", "pl"]
     with pytest.raises(ValueError, match="unknown hook point"):
         ph.emit("after_lunch")
+
+
+def test_a_duck_typed_hook_gets_only_the_points_it_has() -> None:
+    seen: list[tuple[str, int]] = []
+
+    class Duck:
+        name = "duck"
+
+        def should_trigger(self, step: int) -> bool:
+            return True
+
+        def after_step(self, step: int) -> None:
+            seen.append(("after", step))
+
+    duck = ph.add(Duck())
+    duck.before_epoch = lambda epoch: seen.append(("epoch", epoch))  # set on the instance
+    n = len(_report.errors)
+    for s in range(3):
+        for point in ("before_training", "before_step", "after_step", "cleanup"):
+            ph.emit(point, step=s)
+    ph.emit("before_epoch", epoch=7)
+    assert seen == [("after", 0), ("after", 1), ("after", 2), ("epoch", 7)]
+    assert len(_report.errors) == n  # the points it lacks are not failures

@@ -13,6 +13,9 @@ import inspect
 import threading
 from typing import Any
 
+from .. import state
+from .base import BaseHook
+
 #: The lifecycle points, in the order a run meets them.
 POINTS = (
     "before_training",
@@ -33,6 +36,7 @@ _hooks: list[Any] = []
 _services: dict[str, Any] = {}
 _claimed: str | None = None
 _params: dict[tuple[type, str], frozenset[str] | None] = {}
+_overrides: dict[tuple[type, str], bool] = {}
 #: name -> factory of a service made on first use (visualization_dir creates its folder)
 _lazy: dict[str, Any] = {}
 #: Whether training is running (before_training emitted, after_training not yet) and whether
@@ -94,6 +98,19 @@ def claimed_by() -> str | None:
     return _claimed
 
 
+def _wants(hook: Any, point: str) -> bool:
+    """Whether ``hook`` has a ``point`` method of its own: BaseHook's no-ops, and points a
+    duck-typed hook lacks, are skipped without a call."""
+    if point in getattr(hook, "__dict__", ()):  # set on the instance
+        return True
+    key = (type(hook), point)
+    w = _overrides.get(key)
+    if w is None:
+        fn = getattr(type(hook), point, None)
+        w = _overrides[key] = fn is not None and fn is not getattr(BaseHook, point)
+    return w
+
+
 def _accepted(hook: Any, point: str) -> frozenset[str] | None:
     """The keyword names ``hook.point`` takes (None: it takes ``**kwargs``)."""
     key = (type(hook), point)
@@ -132,10 +149,9 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
         _cleaned = True
     if not _hooks:
         return
-    from .. import state
-
+    local = state.local
     for hook in list(_hooks):
-        if getattr(hook, "off", False):
+        if getattr(hook, "off", False) or not _wants(hook, point):
             continue
         if point in STEP_POINTS or point in EPOCH_POINTS:
             at = ctx.get("step" if point in STEP_POINTS else "epoch")
@@ -148,11 +164,14 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
                     continue
         names = _accepted(hook, point)
         kw = ctx if names is None else {k: v for k, v in ctx.items() if k in names}
+        saved = local.depth
+        local.depth = state.INTERNAL  # the hook's own NumPy/torch calls are not recorded
         try:
-            with state.internal():
-                getattr(hook, point)(**kw)
+            getattr(hook, point)(**kw)
         except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
             _failed(hook, point, exc)
+        finally:
+            local.depth = saved
 
 
 def shutdown(**ctx: Any) -> None:
@@ -198,5 +217,6 @@ def _reset() -> None:
     _services.clear()
     _lazy.clear()
     _params.clear()
+    _overrides.clear()
     _claimed = None
     _training = _cleaned = False
