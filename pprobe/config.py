@@ -98,6 +98,19 @@ def _codec(name: str, v: Any) -> str:
     return s
 
 
+def _keep(name: str, v: Any) -> int:
+    """PPROBE_DUMP_KEEP: ``all`` (0) or ``steps:K`` (K >= 1), the dump ring's size in steps."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v  # a resolved value handed to a child process
+    s = str(v).strip().lower()
+    if s in ("all", ""):
+        return 0
+    kind, _, k = s.partition(":")
+    if kind == "steps" and k.strip().isdigit() and int(k) >= 1:
+        return int(k)
+    raise ConfigError(f"{name}={v!r} is not valid; allowed: all, steps:K (K >= 1)")
+
+
 def _list(name: str, v: Any) -> tuple[str, ...]:
     if isinstance(v, (list, tuple)):
         return tuple(str(i).strip() for i in v if str(i).strip())
@@ -438,6 +451,15 @@ SETTINGS: tuple[Setting, ...] = (
         "with pprobe.codecs.register. See docs/codecs.md.",
     ),
     Setting(
+        "dump_keep",
+        "PPROBE_DUMP_KEEP",
+        0,
+        _keep,
+        "all: keep every dump (within the budget); steps:K: a ring buffer of the dumps of the "
+        "last K steps, each process deleting older ones as it goes (freed bytes go back to "
+        "the budget). docs/output.md.",
+    ),
+    Setting(
         "include",
         "PPROBE_INCLUDE",
         (),
@@ -529,11 +551,13 @@ SETTINGS: tuple[Setting, ...] = (
         "on_nan",
         "PPROBE_ON_NAN",
         "off",
-        _choice(("off", "warn", "raise")),
+        _choice(("off", "warn", "raise", "dump")),
         "At the first op that makes NaN or inf from finite inputs (stats and dump modes; "
         "infs of ops on pprobe nan's allowlist are expected): "
         "off; warn (a RuntimeWarning at the program's line); raise (FloatingPointError from "
-        "the op's call). The rows so far are flushed first. docs/nan.md.",
+        "the op's call); dump (dump mode: keep the full dumps of that step and of the K steps "
+        "before it, K from PPROBE_DUMP_KEEP=steps:K or 1, even past the budget). The rows so "
+        "far are flushed first. docs/nan.md.",
     ),
     Setting(
         "sync",
@@ -769,6 +793,7 @@ class Config:
     dump_queue: int = 32 * 1024**2
     dump_full: str = "wait"
     dump_codec: str = "npy"
+    dump_keep: int = 0
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     every: int = 1

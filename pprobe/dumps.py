@@ -28,6 +28,9 @@ Reservations are made under a lock before anything is queued, so the budget is a
 across threads and processes. One array larger than what is left is skipped (its row says
 why); dumping stops only when not even a small array fits, and ``.budget/exhausted`` tells the
 other processes.
+
+What is kept afterwards (a ring of the last K steps' dumps, dumps held for PPROBE_ON_NAN=dump)
+is :mod:`pprobe.dumpkeep`'s business: the Dumper files each dump in its ring when there is one.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from array import array
 from collections import deque
 from typing import Any
 
-from . import _report
+from . import _report, state
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 200  # bytes; file systems allow 255
@@ -357,6 +360,14 @@ def _io() -> tuple[Any, str]:
     return PyQueue(), "python"
 
 
+def _seq_of(prefix: str) -> int:
+    """The seq in a dump prefix ``{pid}-{seq}`` (``.{tag}`` after it for torch dtypes)."""
+    try:
+        return int(prefix.split("-", 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return -1
+
+
 # ---------------------------------------------------------------------- the dumper
 class Dumper:
     held = _Count(0)  # bytes this process has reserved
@@ -373,6 +384,9 @@ class Dumper:
         queue_bytes: int = 32 << 20,
         when_full: str = "wait",
         codec: str = "npy",
+        keep: int = 0,
+        hold: int = 0,
+        host: str = "",
     ) -> None:
         self.run_dir = run_dir
         self.budget = budget
@@ -397,6 +411,11 @@ class Dumper:
         self.disk_full = ""  # why dumping stopped after a write failed for lack of space
         self._reset()
         self.exhausted = budget <= 0
+        self.ring: Any = None  # pprobe.dumpkeep.Ring: PPROBE_DUMP_KEEP, PPROBE_ON_NAN=dump
+        if keep or hold:
+            from .dumpkeep import Ring
+
+            self.ring = Ring(self, keep, hold, host or "host")
 
     def _reset(self) -> None:
         self._n = array("q", [0] * 6)  # the _Count attributes
@@ -410,6 +429,8 @@ class Dumper:
         self.failed = {}
         self.infos = {}
         self.disk_full = ""
+        if self.ring is not None:
+            self.ring.after_fork()
 
     def _open(self) -> bool:
         if self.dirfd >= 0:
@@ -442,7 +463,22 @@ class Dumper:
         return True
 
     def _exhaust(self, nbytes: int) -> None:
+        if self.ring is not None and self.ring.keep:
+            # The ring gives bytes back as steps leave it: not exhausted for good.
+            _report.warn_once(
+                "budget",
+                f"dump budget of {self.budget} bytes is used up by the last steps' dumps "
+                "(PPROBE_BUDGET, PPROBE_DUMP_KEEP); dumping resumes as older steps are dropped.",
+            )
+            return
         self.exhausted = True
+        if self.ring is not None and self.ring.holding:
+            _report.warn_once(
+                "budget",
+                f"dump budget of {self.budget} bytes is used up (PPROBE_BUDGET); later dumps "
+                "are held for PPROBE_ON_NAN=dump and released unless a NaN comes within "
+                f"{self.ring.hold - 1} steps.",
+            )
         try:
             flags = os.O_CREAT | os.O_WRONLY | _O_NOFOLLOW | _O_CLOEXEC
             fd = os.open(os.path.join(self.budget_dir, "exhausted"), flags, 0o600)
@@ -475,20 +511,25 @@ class Dumper:
         return h
 
     # ------------------------------------------------------------------ writing
-    def dump(self, arr: Any, op: str, which: str, prefix: str) -> tuple[str | None, str | None]:
-        """Queue ``arr`` (a NumPy array) for writing; return (file name, note)."""
-        if self.exhausted:
+    def dump(
+        self, arr: Any, op: str, which: str, prefix: str, step: int | None = None
+    ) -> tuple[str | None, str | None]:
+        """Queue ``arr`` (a NumPy array) for writing; return (file name, note). ``step``: the
+        step of the call (default the current one; a deferred device dump passes its own)."""
+        if self.exhausted and (self.ring is None or not self.ring.holding):
             return None, "not dumped: dump budget exhausted"
         if self.disk_full:
             return None, self.disk_full
         try:
-            return self._dump(arr, op, which, prefix)
+            return self._dump(arr, op, which, prefix, state.step if step is None else step)
         except Exception as e:  # an unwritable folder, an odd dtype: this dump only
             self.errors += 1
             _report.internal_error("writing dumps", e)
             return None, f"not dumped: {type(e).__name__}: {e}"[:200]
 
-    def _dump(self, a: Any, op: str, which: str, prefix: str) -> tuple[str | None, str | None]:
+    def _dump(
+        self, a: Any, op: str, which: str, prefix: str, step: int
+    ) -> tuple[str | None, str | None]:
         self._open()
         name = file_name(op, which, prefix, self.codec)
         header = self._header(a)
@@ -498,18 +539,35 @@ class Dumper:
         digest = self.io.digest(a) if a.nbytes >= 64 else None
         key = (digest, header) if digest is not None else None
         total = len(header) + int(a.nbytes)
+        ring = self.ring
+        held = False
         with self.lock:
+            group = None
+            if ring is not None:
+                group = ring.group(step)
+                if group is None:
+                    from .dumpkeep import LATE_NOTE
+
+                    return None, LATE_NOTE
             first = self.seen.get(key) if key is not None else None
-            if first is None and not self._reserve(total):
-                left = self.held - self.used + (self.n_chunks - self.next_k) * self.chunk
-                if left < SMALL or total <= SMALL:
-                    self._exhaust(total)
-                    return None, "not dumped: dump budget exhausted"
-                self.skipped += 1
-                return None, (
-                    f"not dumped: {total} bytes do not fit in the {left} bytes left of the dump "
-                    "budget (PPROBE_BUDGET)"
-                )
+            if first is None and ring is not None and ring.holding and self.exhausted:
+                held = True  # PPROBE_ON_NAN=dump: held outside the budget
+            elif first is None and not self._reserve(total):
+                if ring is not None and ring.holding:
+                    held = True
+                    if not self.exhausted:
+                        self._exhaust(total)
+                    first = None
+                else:
+                    left = self.held - self.used + (self.n_chunks - self.next_k) * self.chunk
+                    if left < SMALL or total <= SMALL:
+                        self._exhaust(total)
+                        return None, "not dumped: dump budget exhausted"
+                    self.skipped += 1
+                    return None, (
+                        f"not dumped: {total} bytes do not fit in the {left} bytes left of the "
+                        "dump budget (PPROBE_BUDGET)"
+                    )
             if first is not None:
                 self.linked += 1
             elif key is not None:
@@ -524,14 +582,26 @@ class Dumper:
         if not ok:
             with self.lock:
                 if first is None:
-                    self.used -= total
+                    if not held:
+                        self.used -= total
                     if key is not None and self.seen.get(key) == name:
                         del self.seen[key]
                 else:
                     self.linked -= 1
                 self.skipped += 1
             return None, "not dumped: the dump queue is full (PPROBE_DUMP_FULL=skip)"
+        if group is not None:
+            with self.lock:
+                seq = _seq_of(prefix)
+                ring.add(group, name, seq, key, 0 if first is not None else total, held, first)
         return name, None
+
+    def nan_origin(self) -> list[int]:
+        """PPROBE_ON_NAN=dump: the first NaN origin came; the steps whose dumps are kept."""
+        if self.ring is None:
+            return []
+        with self.lock:
+            return self.ring.nan_origin()
 
     # ------------------------------------------------------------------ the log's side
     def codec_info(self, name: str) -> tuple | None:
@@ -568,6 +638,9 @@ class Dumper:
             self.errors += 1
 
     def close(self, timeout: float = 60.0) -> None:
+        if self.ring is not None:
+            with self.lock:
+                self.ring.close()
         if self.dirfd < 0:
             return
         self.io.close(timeout)
@@ -590,4 +663,5 @@ class Dumper:
             "failed": bool(self.errors),
             "writer": self.engine,
             "codec": self.codec,
+            **({} if self.ring is None else self.ring.summary()),
         }

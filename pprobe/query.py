@@ -841,8 +841,12 @@ def _read_parquet(files: list[str]) -> str:
     return f"read_parquet([{listed}], hive_partitioning = false, union_by_name = false)"
 
 
-def _register(con: duckdb.DuckDBPyConnection, view: str, src: Sources, fill: bool) -> None:
-    """Define the view over its Parquet files and in-memory shards; empty unless ``fill``."""
+def _register(
+    con: duckdb.DuckDBPyConnection, view: str, src: Sources, fill: bool, name: str = ""
+) -> None:
+    """Define the view over its Parquet files and in-memory shards; empty unless ``fill``.
+    ``name``: the name to give it (default the view's)."""
+    name = name or view
     selects = []
     if fill and src.files:
         selects.append(f"SELECT * FROM {_read_parquet(src.files)}")
@@ -856,9 +860,9 @@ def _register(con: duckdb.DuckDBPyConnection, view: str, src: Sources, fill: boo
         if src.sample is not None:  # the columns, without pyarrow
             selects.append(f"SELECT * FROM {_read_parquet([src.sample])} LIMIT 0")
         else:
-            con.register(view, _schemas()[view].empty_table())
+            con.register(name, _schemas()[view].empty_table())
             return
-    con.execute(f"CREATE VIEW {view} AS " + " UNION ALL ".join(selects))
+    con.execute(f"CREATE VIEW {name} AS " + " UNION ALL ".join(selects))
 
 
 def named_tables(sql: str) -> set[str]:
@@ -892,15 +896,22 @@ def _open(
     run_dir: str, tables: Iterable[str] | None, how: str, sql: str | None = None
 ) -> duckdb.DuckDBPyConnection:
     """``how``: "cache", "rebuild" (the cache converted again) or "memory"."""
+    from . import dumpkeep
+
     con = duckdb.connect(config=_CONFIG)
     try:
+        # Dumps a ring deleted (pprobe.dumpkeep): ``tensors`` shows them as dropped.
+        dropped = dumpkeep.dropped_files(run_dir)
+        raw = {"tensors": "_pprobe_tensors_raw"} if dropped else {}
         if how == "memory":
             for name, table in load_tables(run_dir).items():
-                con.register(name, table)
+                con.register(raw.get(name, name), table)
         else:
             fill = set(VIEWS if tables is None else tables)
             for view, src in table_sources(run_dir, fill, how == "rebuild").items():
-                _register(con, view, src, view in fill)
+                _register(con, view, src, view in fill, raw.get(view, ""))
+        if dropped:
+            dumpkeep.register_view(con, raw["tensors"], dropped)
         _register_compare(con, run_dir)
         from .ext import sqlviews  # schema python: the user tables (pprobe.ext)
 

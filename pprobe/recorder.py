@@ -44,7 +44,7 @@ _flush_rows = 16384
 _wake: Callable[[], None] | None = None  # asks the writer to flush early
 _dumper: Any = None
 _cfg: Any = None
-_on_nan = 0  # PPROBE_ON_NAN: 0 off, 1 warn, 2 raise; reset to 0 once it fired
+_on_nan = 0  # PPROBE_ON_NAN: 0 off, 1 warn, 2 raise, 3 dump; reset to 0 once it fired
 _flush: Callable[[], None] | None = None  # writes the buffered rows now (writer.flush)
 _nan_allow: tuple[str, ...] = ()  # pprobe nan's allowlist (opsets.DEFAULT_ALLOW + nan_allow)
 _inf_allowed: dict[str, int] = {}  # op name -> 0 no, 1 its infs are expected, 2 on a 0/1 mask
@@ -166,7 +166,7 @@ def configure(
     global _cfg, _nested, _parents, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
     global _on_nan, _flush, _nan_allow
     _cfg = cfg
-    _on_nan = {"off": 0, "warn": 1, "raise": 2}[getattr(cfg, "on_nan", "off")]
+    _on_nan = {"off": 0, "warn": 1, "raise": 2, "dump": 3}[getattr(cfg, "on_nan", "off")]
     _flush = flush
     _nan_allow = (*opsets.DEFAULT_ALLOW, *getattr(cfg, "nan_allow", ()))
     _inf_allowed.clear()
@@ -690,6 +690,11 @@ def _nan_origin(op: Op, site: int, descs: list) -> BaseException | None:
     )
     if how == 2:
         return FloatingPointError(msg)
+    if how == 3:  # keep the dumps of this step and the ones before it (pprobe.dumpkeep)
+        steps = _dumper.nan_origin() if _dumper is not None else []
+        kept = f"; the dumps of steps {', '.join(map(str, steps))} are kept" if steps else ""
+        _report.warn_once("on-nan-dump", msg[len("pprobe: ") :] + kept)
+        return None
     # a RuntimeWarning at the program's line, in its module's registry and filters
     import warnings
 
@@ -712,7 +717,7 @@ def _nan_origin(op: Op, site: int, descs: list) -> BaseException | None:
     return None
 
 
-_NAN_HOW = {1: "warn", 2: "raise"}
+_NAN_HOW = {1: "warn", 2: "raise", 3: "dump"}
 
 
 def append_row(

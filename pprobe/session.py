@@ -41,7 +41,14 @@ class Session:
         self.config = config = self.run.config if not self.run.root else config
         self.dumper = (
             Dumper(
-                self.run.dir, config.budget, config.dump_queue, config.dump_full, config.dump_codec
+                self.run.dir,
+                config.budget,
+                config.dump_queue,
+                config.dump_full,
+                config.dump_codec,
+                keep=config.dump_keep,
+                hold=(config.dump_keep or 1) + 1 if config.on_nan == "dump" else 0,
+                host=self.run.host,
             )
             if config.mode == "dump"
             else None

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .. import values
+from .. import state, values
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -275,17 +275,18 @@ class _Deferred(values.Dumpable):
 class _PendingDump(values.Lazy):
     """The dump file of a :class:`_Deferred`: written by the writer thread (path, note)."""
 
-    __slots__ = ("d", "dumper", "op", "which", "prefix")
+    __slots__ = ("d", "dumper", "op", "which", "prefix", "step")
 
     def __init__(self, d: _Deferred, dumper: Any, op: str, which: str, prefix: str) -> None:
         self.d, self.dumper, self.op, self.which, self.prefix = d, dumper, op, which, prefix
+        self.step = state.step  # the call's step (the dump ring files it there)
 
     def resolve(self) -> tuple:
         d = self.d
         _wait(d.event)
         prefix = f"{self.prefix}.{d.tag}" if d.tag else self.prefix
         try:
-            return self.dumper.dump(d.host.numpy(), self.op, self.which, prefix)
+            return self.dumper.dump(d.host.numpy(), self.op, self.which, prefix, self.step)
         finally:
             self.d = None  # type: ignore[assignment]  # free the pinned buffer
 
