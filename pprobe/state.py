@@ -25,7 +25,7 @@ class _Local(threading.local):
     parent = -1  # seq of the innermost recorded call, -1 at top level
     module = None  # innermost nn.Module path (set by the torch interceptor)
     phase = None  # forward / backward / optimizer where a hook tells; None: recorder default
-    mstack = None  # torch: running nn.Modules, linked (path, module, rest, row, saved phase)
+    mstack = None  # torch: running nn.Modules, linked (path, module, rest, row, saved phase, nodes)
     serial = 0  # this thread's number in rows (thread_names)
 
     def __init__(self) -> None:

@@ -41,6 +41,8 @@ _local: Any = state.local
 _call = recorder.call
 _is_compiling = torch.compiler.is_compiling
 _task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+_NODE_KEY = torch_modules.NODE_KEY
 #: the native core's api-level handler (pprobe.core), None with the Python engine
 _torch_call = core.native.torch_call if core.native is not None else None
 _as_caller = recorder.as_caller  # warnings name the program's line (recorder.as_caller)
@@ -255,8 +257,15 @@ class AtenMode(TorchDispatchMode):
         if op.sampled and not op.take():
             return _as_caller(func)(func, args, kwargs)
         phase = loc.phase
+        module = loc.module
         if _task_id() != -1:
             loc.phase = "backward"
+            # The module path of the forward this node differentiates (torch_modules._tag).
+            node = _current_node() if torch_modules._tag_nodes else None
+            if node is not None:
+                path = node.metadata.get(_NODE_KEY)  # type: ignore[attr-defined]  # a dict
+                if path is not None:
+                    loc.module = path
         try:
             if _sync:
                 func = _maybe_sync(func)
@@ -264,6 +273,7 @@ class AtenMode(TorchDispatchMode):
             return recorder._record(op, func, args, kwargs, depth)
         finally:
             loc.phase = phase
+            loc.module = module
 
 
 def _enter_modes() -> None:

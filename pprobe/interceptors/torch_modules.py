@@ -20,6 +20,12 @@ levels is unchanged). ``torch_params=params`` adds the module's own parameters t
 (role ``param``); ``grads`` adds one row per parameter gradient, recorded when backward has
 accumulated it (kind ``grad``, role ``grad``).
 
+Backward rows (the ``aten`` level): when a module's forward ends, the autograd nodes it made
+(``grad_fn`` nodes whose sequence number was taken during its forward, found from its outputs
+through ``next_functions``) get its path in their ``metadata`` dict, the innermost module
+first; an aten op run in backward reads it from ``torch._C._current_autograd_node()``
+(:mod:`.torch_api`), so backward rows carry the module path of the forward they differentiate.
+
 Optimizer steps (``register_optimizer_step_post_hook``) advance ``state.step`` by one, unless
 the program counts steps itself with ``pprobe.step()``.
 """
@@ -53,6 +59,10 @@ _grads = False
 _on = False
 _our_hook_ids: set[int] = set()
 _orig_has_hook: Any = None
+_tag_nodes = False  # the aten level is on: tag the autograd nodes a forward makes
+_seq_nr = torch._C._autograd._get_sequence_nr
+#: The key of an autograd node's ``metadata`` that holds the module path of its forward.
+NODE_KEY = "pprobe_module"
 
 
 def _has_other_global_hook() -> bool:
@@ -174,7 +184,12 @@ def _pre(module: Any, args: Any) -> None:
         e = _paths.get(id(module))
         path = e[0] if e is not None and e[1]() is module else _assign(module, loc)
         rec = _begin(module, path, args, loc) if _rows and recorder._active else None
-        loc.mstack = (path, module, loc.mstack, rec, loc.phase)
+        # [the first autograd sequence number this forward can take, how many of the numbers
+        # after it inner modules' forwards took] (None: nothing to tag)
+        nodes = (
+            [_seq_nr(), 0] if _tag_nodes and _task_id() == -1 and torch.is_grad_enabled() else None
+        )
+        loc.mstack = (path, module, loc.mstack, rec, loc.phase, nodes)
         loc.module = path
         loc.phase = "forward"
         if not recorder._training:
@@ -208,6 +223,13 @@ def _post(module: Any, args: Any, result: Any) -> None:
         loc.mstack = rest
         loc.module = rest[0] if rest is not None else None
         loc.phase = st[4]
+        nodes = st[5]
+        if nodes is not None:
+            end = _seq_nr()
+            if end - nodes[0] > nodes[1]:  # some nodes are this forward's own (not a container's)
+                _tag(result, st[0], nodes[0], end)
+            if rest is not None and rest[5] is not None:
+                rest[5][1] += end - nodes[0]
         rec = st[3]
         if rec is not None:
             loc.parent = rec.parent
@@ -222,6 +244,43 @@ def _post(module: Any, args: Any, result: Any) -> None:
     except Exception as exc:
         _report.internal_error("torch module forward hook", exc)
     return None
+
+
+def _tag(result: Any, path: str, first: int, end: int) -> None:
+    """Give the autograd nodes this forward made (sequence numbers ``first`` to ``end``) its
+    module path, unless an inner module's forward gave them its own."""
+    todo = []
+    for t in _tensors(result):
+        fn = t.grad_fn
+        if fn is not None:
+            todo.append(fn)
+    seen: dict[int, Any] = {}  # keeps the node objects alive while their ids are keys
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen[id(n)] = n
+        k = n._sequence_nr()
+        if not first <= k < end:  # made before this forward (AccumulateGrad: the maximum)
+            continue
+        md = n.metadata
+        if NODE_KEY not in md:
+            md[NODE_KEY] = path
+        for nxt, _ in n.next_functions:
+            if nxt is not None:
+                todo.append(nxt)
+
+
+def _tensors(x: Any, depth: int = 0) -> list:
+    """The tensors of a forward's result: a tensor, or in tuples, lists and dicts (2 levels)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if depth < 2:
+        if isinstance(x, (tuple, list)):
+            return [t for v in x for t in _tensors(v, depth + 1)]
+        if isinstance(x, dict):
+            return [t for v in x.values() for t in _tensors(v, depth + 1)]
+    return []
 
 
 def _module_op(tp: type) -> recorder.Op:
@@ -369,13 +428,14 @@ def _on_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 # ---------------------------------------------------------------------- install
 def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
-    global _rows, _params, _grads, _on, _grad_op
+    global _rows, _params, _grads, _on, _grad_op, _tag_nodes
     from torch.nn.modules import module as nn_module
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     _rows = "module" in levels
     _params = "params" in params and _rows
     _grads = "grads" in params
+    _tag_nodes = "aten" in levels
     _grad_op = recorder.op("torch.autograd.accumulate_grad", "grad", "torch") if _grads else None
     _on = True
     hooks = [
@@ -404,8 +464,9 @@ def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
 
 
 def uninstall() -> None:
-    global _on, _orig_has_hook
+    global _on, _orig_has_hook, _tag_nodes
     _on = False
+    _tag_nodes = False
     if _orig_has_hook is not None:
         from torch.nn.modules import module as nn_module
 
