@@ -14,11 +14,11 @@ its ancestor gets its name below it. ``torch.compile``'s wrapper (``_orig_mod``)
 share one path. Paths are kept per module object (weakly) and never change.
 
 With the ``module`` level, each module call is also a row (kind ``module``, op = the module's
-class), with its positional inputs and its outputs; the rows recorded inside it have it as
-``parent`` (module rows do not count in ``depth``, so the outermost-call rule of the other
-levels is unchanged). ``torch_params=params`` adds the module's own parameters to its row
-(role ``param``); ``grads`` adds one row per parameter gradient, recorded when backward has
-accumulated it (kind ``grad``, role ``grad``).
+class), with its inputs (positional and keyword, see :func:`_forward_kwargs`) and its outputs;
+the rows recorded inside it have it as ``parent`` (module rows do not count in ``depth``, so
+the outermost-call rule of the other levels is unchanged). ``torch_params=params`` adds the
+module's own parameters to its row (role ``param``); ``grads`` adds one row per parameter
+gradient, recorded when backward has accumulated it (kind ``grad``, role ``grad``).
 
 Backward rows (the ``aten`` level): when a module's forward ends, the autograd nodes it made
 (``grad_fn`` nodes whose sequence number was taken during its forward, found from its outputs
@@ -283,6 +283,34 @@ def _tensors(x: Any, depth: int = 0) -> list:
     return []
 
 
+_MODULE_PY = os.path.normcase(os.path.abspath(torch.nn.modules.module.__file__))
+_inner_codes: dict[Any, bool] = {}
+
+
+def _forward_kwargs() -> dict:
+    """The keyword arguments of the module call whose pre-hook runs (called from _begin).
+
+    A global forward pre-hook receives ``(module, args)`` only
+    (``register_module_forward_pre_hook`` has no ``with_kwargs`` in torch 2.13), and the
+    global forward hook's ``with_kwargs`` comes after forward ran, when an input changed in
+    place no longer holds its value at call time. ``Module._call_impl`` calls the pre-hooks
+    from its nested ``inner()``, which holds ``kwargs`` as a local (a cell it shares with
+    ``_call_impl``): it is read from that frame. Any other caller (a changed PyTorch): none."""
+    f: Any = sys._getframe(3)  # _forward_kwargs <- _begin <- _pre <- inner
+    code = f.f_code
+    ok = _inner_codes.get(code)
+    if ok is None:
+        ok = _inner_codes[code] = (
+            code.co_name == "inner"
+            and "kwargs" in code.co_freevars
+            and os.path.normcase(os.path.abspath(code.co_filename)) == _MODULE_PY
+        )
+    if not ok:
+        return {}
+    kw = f.f_locals.get("kwargs")
+    return kw if isinstance(kw, dict) else {}
+
+
 def _module_op(tp: type) -> recorder.Op:
     op = _module_ops.get(tp)
     if op is None:
@@ -305,7 +333,8 @@ def _begin(module: Any, path: str, args: Any, loc: Any) -> _Rec | None:
         rec.path = path
         rec.depth = depth
         rec.prefix = prefix = f"{os.getpid()}-{seq}" if recorder._mode == 2 else ""
-        arrays, rec.others = values.collect(args if isinstance(args, tuple) else (args,), {})
+        kwargs = _forward_kwargs()
+        arrays, rec.others = values.collect(args if isinstance(args, tuple) else (args,), kwargs)
         rec.ins = [_desc(op, "input", i, x, h, prefix) for i, x, h in arrays]
         if _params:
             from .torch_values import HANDLER
