@@ -158,3 +158,20 @@ def test_tensors_of_a_result() -> None:
     assert len(_tensors(t)) == 1
     assert len(_tensors((t, [t, {"a": t}], {"b": t}, 3))) == 3  # two levels down, not three
     assert _tensors("x") == []
+
+
+def test_the_cost_benchmark_runs(tmp_path: Path) -> None:
+    """bench/backward_modules_cost.py (docs/performance.md 3b) runs; its figure is not checked
+    (no timed assertions)."""
+    from helpers import REPO
+
+    p = subprocess.run(
+        [sys.executable, "-m", "bench.backward_modules_cost", "--rounds", "1", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        env=clean_env(),
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert "backward rows named by module" in p.stdout
