@@ -68,6 +68,7 @@ class Ring:
         # inode id -> [names alive, bytes, held, dedup key]
         self.inodes: dict[int, list] = {}
         self.inode_of: dict[str, int] = {}  # file name -> inode id, for names in the ring
+        self.group_of: dict[str, _Group] = {}  # file name -> its group, for names in the ring
         self.next_inode = 0
         self.fd = -1
         self.nan_step: int | None = None
@@ -134,7 +135,14 @@ class Ring:
         g.names.append((name, seq, ino))
         if held:
             g.held_seqs.add(seq)
-        g.ticket = self.d.io.ticket()
+        t = self.d.io.ticket()  # this dump's job included
+        g.ticket = t
+        if link is not None:
+            # the file linked to must outlive the queued link job: its group waits for it
+            tg = self.group_of.get(link)
+            if tg is not None and tg.ticket < t:
+                tg.ticket = t
+        self.group_of[name] = g
 
     def nan_origin(self) -> list[int]:
         """The first NaN origin: the groups in the ring now (its step and the ones before
@@ -170,6 +178,7 @@ class Ring:
                 del self.by_step[g.step]
             for name, _seq, ino in g.names:  # files kept for good: no longer tracked
                 self.inode_of.pop(name, None)
+                self.group_of.pop(name, None)
                 self.inodes.pop(ino, None)
 
     def _drop(self, g: _Group, seqs: set[int] | None, why: str, k: int) -> None:
@@ -188,6 +197,7 @@ class Ring:
             except OSError:
                 pass  # never written (a failure the row already tells)
             self.inode_of.pop(name, None)
+            self.group_of.pop(name, None)
             rec = self.inodes.get(ino)
             if rec is None:
                 continue
