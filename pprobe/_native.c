@@ -36,7 +36,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 2
+#define PPROBE_NATIVE_API 3
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -93,6 +93,8 @@ static PyObject *py_end = NULL;          /* recorder._end(op, state, t0, t1, res
 static PyObject *py_not_a_row = NULL;    /* recorder._NOT_A_ROW */
 static PyObject *py_is_internal = NULL;  /* recorder._is_internal(code) */
 static PyObject *py_site_id = NULL;      /* recorder._site_id(code, line) -> int */
+static PyObject *py_stack_id = NULL;     /* recorder._stack_id(inner stack, site) -> int */
+static int g_stack_depth = 1;            /* user frames per call stack (PPROBE_STACK_DEPTH) */
 static PyObject *py_sid = NULL;          /* records.sid(str) -> int */
 static PyObject *py_ids = NULL;          /* records._ids (dict str -> int) */
 static PyObject *py_outputs = NULL;      /* recorder._native_outputs(seq, result) */
@@ -204,6 +206,8 @@ static void map2_clear(Map2 *m, int decref_keys) {
 static Map2 g_codes;
 /* (code, lasti) -> (site id, opcode class) */
 static Map2 g_sites;
+/* (inner stack id + 2 as a key, site id of the next user frame out) -> stack id */
+static Map2 g_stacks;
 /* hooked ufunc/dispatcher instance -> (op index, original vectorcall) */
 static Map2 g_hooked;
 /* dtype descr -> string id (builtin descriptors only) */
@@ -601,8 +605,52 @@ static int opclass_at(PyCodeObject *code, int lasti) {
 
 #define NOT_A_ROW (-2)
 
-/* The call site of the current call: site id (>= 0), -1 (none), NOT_A_ROW, or -3 on error.
- * *opclass gets how the site called (K_*). */
+/* The site id of a program frame (cached per (code, lasti)); -3 on error. *opclass gets how
+ * it called (K_*). */
+static int frame_site(PyFrameObject *f, PyCodeObject *code, int *opclass) {
+#if PY_VERSION_HEX >= 0x030B0000
+    int lasti = PyFrame_GetLasti(f);
+#else
+    int lasti = f->f_lasti * 2;
+#endif
+    Slot2 *s = map2_find(&g_sites, code, lasti);
+    if (!s) {
+        int line = PyFrame_GetLineNumber(f);
+        PyObject *r = PyObject_CallFunction(py_site_id, "Oi", (PyObject *)code, line);
+        if (!r) return -3;
+        long id = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (id == -1 && PyErr_Occurred()) return -3;
+        s = map2_put(&g_sites, code, lasti);
+        if (!s) return -3;
+        Py_INCREF(code);
+        s->a = id;
+        s->b = opclass_at(code, lasti);
+    }
+    *opclass = (int)s->b;
+    return (int)s->a;
+}
+
+/* The stack id of (the stack of the inner frames, or -1; the next frame's site id), interned
+ * by recorder._stack_id on a miss; -3 on error. */
+static int intern_stack(int inner, int site) {
+    void *key = (void *)(intptr_t)(inner + 2);
+    Slot2 *s = map2_find(&g_stacks, key, site);
+    if (s) return (int)s->a;
+    PyObject *r = PyObject_CallFunction(py_stack_id, "ii", inner, site);
+    if (!r) return -3;
+    long id = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (id == -1 && PyErr_Occurred()) return -3;
+    s = map2_put(&g_stacks, key, site);
+    if (!s) return -3;
+    s->a = id;
+    return (int)id;
+}
+
+/* The call stack of the current call: stack id (>= 0) of its g_stack_depth innermost program
+ * frames (the first one the call site), -1 (none), NOT_A_ROW, or -3 on error. *opclass gets
+ * how the call site called (K_*). recorder._caller is the Python twin. */
 static int caller_site(int framework, int *opclass) {
     PyThreadState *ts = PyThreadState_Get();
     PyFrameObject *f = PyThreadState_GetFrame(ts);
@@ -617,36 +665,30 @@ static int caller_site(int framework, int *opclass) {
             return -3;
         }
         if (c == C_USER) {
-#if PY_VERSION_HEX >= 0x030B0000
-            int lasti = PyFrame_GetLasti(f);
-#else
-            int lasti = f->f_lasti * 2;
-#endif
-            Slot2 *s = map2_find(&g_sites, code, lasti);
-            if (!s) {
-                int line = PyFrame_GetLineNumber(f);
-                PyObject *r = PyObject_CallFunction(py_site_id, "Oi", (PyObject *)code, line);
-                if (!r) {
-                    Py_DECREF(code);
-                    Py_DECREF(f);
-                    return -3;
-                }
-                long id = PyLong_AsLong(r);
-                Py_DECREF(r);
-                s = map2_put(&g_sites, code, lasti);
-                if (!s) {
-                    Py_DECREF(code);
-                    Py_DECREF(f);
-                    return -3;
-                }
-                Py_INCREF(code);
-                s->a = id;
-                s->b = opclass_at(code, lasti);
-            }
-            *opclass = (int)s->b;
+            int site = frame_site(f, code, opclass);
             Py_DECREF(code);
+            int st = site < 0 ? -3 : intern_stack(-1, site);
+            int n = g_stack_depth - 1;
+            PyFrameObject *b = PyFrame_GetBack(f);
             Py_DECREF(f);
-            return (int)s->a;
+            while (st >= 0 && n > 0 && b) {
+                PyCodeObject *bc = PyFrame_GetCode(b);
+                int cc = classify_code(bc);
+                if (cc < 0) {
+                    st = -3;
+                } else if (cc == C_USER) {
+                    int ocls;
+                    int bs = frame_site(b, bc, &ocls);
+                    st = bs < 0 ? -3 : intern_stack(st, bs);
+                    n--;
+                }
+                Py_DECREF(bc);
+                PyFrameObject *nb = PyFrame_GetBack(b);
+                Py_DECREF(b);
+                b = nb;
+            }
+            Py_XDECREF(b);
+            return st;
         }
         Py_DECREF(code);
         if (c != C_PPROBE) {
@@ -1767,6 +1809,17 @@ static PyObject *set_seq(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* set_stacks(stack_id, depth): recorder._stack_id and PPROBE_STACK_DEPTH */
+static PyObject *set_stacks(PyObject *self, PyObject *args) {
+    PyObject *fn;
+    int depth;
+    if (!PyArg_ParseTuple(args, "Oi", &fn, &depth)) return NULL;
+    Py_XSETREF(py_stack_id, Py_NewRef(fn));
+    g_stack_depth = depth < 1 ? 1 : depth;
+    map2_clear(&g_stacks, 0);
+    Py_RETURN_NONE;
+}
+
 static PyObject *clear_code_cache(PyObject *self, PyObject *unused) {
     map2_clear(&g_codes, 1);
     map2_clear(&g_mine, 1);
@@ -1903,6 +1956,8 @@ static PyMethodDef methods[] = {
     {"set_type_attr", set_type_attr, METH_VARARGS, "set_type_attr(type, name, value or None)"},
     {"call", (PyCFunction)(void (*)(void))py_call, METH_FASTCALL,
      "call(op, fn, args, kwargs): recorder.call"},
+    {"set_stacks", set_stacks, METH_VARARGS,
+     "set_stacks(stack_id, depth): the stack interner and PPROBE_STACK_DEPTH"},
     {"torch_call", (PyCFunction)(void (*)(void))torch_call, METH_FASTCALL,
      "torch_call(func, args, kwargs): the api level's __torch_function__"},
     {"torch_init", torch_init, METH_VARARGS, "torch's types, dtype names and helpers"},

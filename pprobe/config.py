@@ -460,6 +460,14 @@ SETTINGS: tuple[Setting, ...] = (
         "the budget). docs/output.md.",
     ),
     Setting(
+        "stack_depth",
+        "PPROBE_STACK_DEPTH",
+        3,
+        _int(1),
+        "Program frames recorded per call (the innermost first: the call site, its caller, "
+        "...), interned: a row holds one stack id, the `stacks` view lists the frames.",
+    ),
+    Setting(
         "include",
         "PPROBE_INCLUDE",
         (),
@@ -794,6 +802,7 @@ class Config:
     dump_full: str = "wait"
     dump_codec: str = "npy"
     dump_keep: int = 0
+    stack_depth: int = 3
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     every: int = 1

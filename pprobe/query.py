@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 #: The views, as in ``schema.TABLES`` (named here so that pprobe.schema need not be imported).
-VIEWS = ("ops", "tensors")
+VIEWS = ("ops", "tensors", "stacks")
 #: Bump when the cache's layout or the conversion changes: older parts are then ignored.
 CACHE_VERSION = "1"
 #: Shard bytes per cache file: a large shard is converted in parallel, one file per segment.

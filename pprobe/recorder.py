@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import types
+from array import array
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -164,7 +165,10 @@ def configure(
     flush: Callable[[], None] | None = None,
 ) -> None:
     global _cfg, _nested, _parents, _mode, _dtypes, _flush_rows, _dumper, _wake, _pid
-    global _on_nan, _flush, _nan_allow
+    global _on_nan, _flush, _nan_allow, _stack_depth
+    _stack_depth = getattr(cfg, "stack_depth", 3)
+    if _native is not None:
+        _native.set_stacks(_stack_id, _stack_depth)
     _cfg = cfg
     _on_nan = {"off": 0, "warn": 1, "raise": 2, "dump": 3}[getattr(cfg, "on_nan", "off")]
     _flush = flush
@@ -437,10 +441,23 @@ _NOT_SELECTED = object()  # a call PPROBE_DTYPES leaves out (its own calls may b
 #: them (a deque of rows holding code objects made every collection walk them all).
 sites: list[tuple[Any, int]] = []
 _site_ids: dict[tuple[Any, int], int] = {}
+#: Call stacks by id: the stack of its inner frames (-1: none) and the site of its outermost
+#: frame. A row's ``site`` field holds a stack id: its PPROBE_STACK_DEPTH innermost program
+#: frames, the first of them the call site (``stack_site``). Kept in arrays, and the interning
+#: dict keyed and valued by large ints: a stack met for the first time during a call must
+#: not keep a reference to a cached small int (see values.SMALL_STR).
+stack_inner = array("q")
+stack_outer = array("q")  # stack id -> the site of its outermost frame
+stack_site = array("q")  # stack id -> the site of its innermost frame (the call site)
+_stack_ids: dict[int, int] = {}  # ((inner + 2) << 32 | site) -> stack id + _STACK_OFF
+_STACK_OFF = 1 << 40
+_stack_depth = 3
 
 
 def _caller(framework: str = "") -> Any:
-    """The call site: index in :data:`sites` of the first frame outside pprobe and frameworks.
+    """The call stack: the id in :data:`stacks` of the PPROBE_STACK_DEPTH innermost frames
+    outside pprobe and the frameworks (the first is the call site). The native core's
+    ``caller_site`` computes the same.
 
     Returns -1 when there is none, or _NOT_A_ROW when the call is not the program's op: it
     comes from a framework's module body while it is being imported (the import machinery is
@@ -456,13 +473,48 @@ def _caller(framework: str = "") -> Any:
         if not r:
             line = f.f_lineno
             k = _site_ids.get((code, line))
-            return _site_id(code, line) if k is None else k
+            if k is None:
+                k = _site_id(code, line)
+            s = _stack_ids.get((1 << 32) | k)
+            s = _stack_id(-1, k) if s is None else s - _STACK_OFF
+            n = _stack_depth - 1
+            f = f.f_back
+            while n > 0 and f is not None:  # the next program frames out
+                code = f.f_code
+                r = _internal_code.get(code)
+                if r is None:
+                    r = _is_internal(code)
+                if not r:
+                    line = f.f_lineno
+                    k = _site_ids.get((code, line))
+                    if k is None:
+                        k = _site_id(code, line)
+                    t = _stack_ids.get(((s + 2) << 32) | k)
+                    s = _stack_id(s, k) if t is None else t - _STACK_OFF
+                    n -= 1
+                f = f.f_back
+            return s
         if r is not True:
             if r is _IMPORT_FRAME or (first and r == framework):
                 return _NOT_A_ROW
             first = False
         f = f.f_back
     return -1
+
+
+def _stack_id(inner: int, site: int) -> int:
+    """The id in :data:`stacks` of (``inner`` stack or -1, ``site``) (the native core asks
+    on a cache miss)."""
+    key = ((inner + 2) << 32) | site
+    v = _stack_ids.get(key)
+    if v is not None:
+        return v - _STACK_OFF
+    k = len(stack_inner)
+    _stack_ids[key] = k + _STACK_OFF
+    stack_inner.append(inner)
+    stack_outer.append(site)
+    stack_site.append(site if inner < 0 else stack_site[inner])
+    return k
 
 
 def _site_id(code: Any, line: int) -> int:
@@ -679,8 +731,8 @@ def _nan_origin(op: Op, site: int, descs: list) -> BaseException | None:
     )
     code: Any = None
     line = 0
-    if 0 <= site < len(sites):
-        code, line = sites[site]
+    if 0 <= site < len(stack_site):
+        code, line = sites[stack_site[site]]
     where = "?"
     if code is not None:
         where = f"{code.co_filename}:{line} in {getattr(code, 'co_qualname', code.co_name)}"

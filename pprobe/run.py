@@ -10,6 +10,7 @@ Layout (docs/output.md)::
         procs/{host}-{pid}.json             one per process (children, ranks, workers)
         log/ops-{host}-{pid}.arrows         Arrow IPC streams, one shard per process
         log/tensors-{host}-{pid}.arrows
+        log/stacks-{host}-{pid}.arrows      call stacks (PPROBE_STACK_DEPTH)
         op_numpy.add_input0_4242-17.npy     dumps
 
 The first probed process of a run creates the folder and exports ``PPROBE_RESOLVED`` (the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2"  # 2: tensors.dump_codec, dump_max_abs_error, dump_bytes
+SCHEMA_VERSION = "3"  # 2: tensors.dump_codec, dump_max_abs_error, dump_bytes; 3: stacks
 
 OPS = pa.schema(
     [
@@ -33,6 +33,7 @@ OPS = pa.schema(
         ("depth", pa.int32()),
         ("parent", pa.int64()),
         ("args", pa.string()),
+        ("stack_id", pa.int64()),
     ]
 )
 
@@ -62,4 +63,17 @@ TENSORS = pa.schema(
     ]
 )
 
-TABLES = {"ops": OPS, "tensors": TENSORS}
+#: Call stacks (PPROBE_STACK_DEPTH): one row per frame of each stack a process recorded,
+#: level 0 the call site (``ops.caller``), 1 its caller, ...
+STACKS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("pid", pa.int64()),
+        ("stack_id", pa.int64()),
+        ("level", pa.int32()),
+        ("caller", pa.string()),
+        ("caller_function", pa.string()),
+    ]
+)
+
+TABLES = {"ops": OPS, "tensors": TENSORS, "stacks": STACKS}

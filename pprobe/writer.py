@@ -72,6 +72,7 @@ class Writer:
         self._strings = _Strings()
         self._ops_sids: tuple | None = None
         self._sites_sids: tuple = ((), ())
+        self._stacks_done = 0  # stacks (recorder.stack_inner) written to this process's shard
         self._args_cache: dict[Any, str] = {}
         self._failed_dumps: dict[str, str] = {}
 
@@ -196,6 +197,9 @@ class Writer:
                 dumper = recorder._dumper
                 self._failed_dumps = dumper.barrier() if dumper is not None else {}
                 ops, tensors = self._to_batches(heads, descs, objs, n)
+                stacks = self._stacks_batch()
+                if stacks is not None:  # before the ops rows that name them
+                    self._write("stacks", stacks)
                 self._write("tensors", tensors)
                 self._write("ops", ops)
                 self.rows_written += n
@@ -271,9 +275,12 @@ class Writer:
         thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
         strs.refresh()
         op_index = ops["op"]
-        site = ops["site"]
-        has_site = site >= 0
-        site_safe = np.where(has_site, site, 0)
+        stack = ops["site"]  # a call stack's id (recorder.stack_*): its first frame: the site
+        has_site = stack >= 0
+        st_site = recorder.stack_site
+        # a copy in one call: an exported buffer would stop the recording thread's appends
+        first = np.frombuffer(st_site.tobytes() or bytes(8), dtype=np.int64)
+        site_safe = first[np.where(has_site, stack, 0)]
         parent = ops["parent"]
         args = self._args(ops["args"], objs)
         ops_cols = [
@@ -303,6 +310,7 @@ class Writer:
             _ints(pa, np, ops["depth"], pa.int32()),
             _ints(pa, np, parent, pa.int64(), parent >= 0),
             _texts(pa, np, args),
+            _ints(pa, np, stack, pa.int64(), has_site),
         ]
         ops_batch = pa.RecordBatch.from_arrays(ops_cols, schema=schema.OPS.with_metadata(meta))
         ds = np.frombuffer(descs, dtype=desc_dt)
@@ -418,6 +426,53 @@ class Writer:
                     cache[pairs_key] = text
             out[k] = text
         return out
+
+    def _stacks_batch(self) -> Any:
+        """The stacks interned since the last batch (recorder.stack_*), one row per frame."""
+        inner, outer = recorder.stack_inner, recorder.stack_outer
+        n = len(inner)
+        k = self._stacks_done
+        if k >= n and "stacks" in self.sinks:
+            return None  # (the first batch may be empty: every process has its stacks shard)
+        import numpy as np
+        import pyarrow as pa
+
+        from . import schema
+
+        sites = recorder.sites
+        ids: list[int] = []
+        levels: list[int] = []
+        callers: list = []
+        funcs: list = []
+        for sid in range(k, n):
+            frames = []
+            j = sid
+            while 0 <= j < n:  # from the outermost frame in
+                frames.append(outer[j])
+                j = inner[j]
+            for level, site in enumerate(reversed(frames)):
+                ids.append(sid)
+                levels.append(level)
+                if 0 <= site < len(sites):
+                    code, line = sites[site]
+                    callers.append(f"{code.co_filename}:{line}")
+                    funcs.append(getattr(code, "co_qualname", code.co_name))
+                else:  # not a site of this process (never from the engines)
+                    callers.append(None)
+                    funcs.append(None)
+        self._stacks_done = n
+        m = len(ids)
+        cols = [
+            self._strings.const(self.run_id, m),
+            _ints(pa, np, np.full(m, self.pid), pa.int64()),
+            _ints(pa, np, np.array(ids, dtype=np.int64), pa.int64()),
+            _ints(pa, np, np.array(levels, dtype=np.int32), pa.int32()),
+            _texts(pa, np, callers),
+            _texts(pa, np, funcs),
+        ]
+        meta = {"pprobe.schema_version": schema.SCHEMA_VERSION, "run_id": self.run_id,
+                "pid": str(self.pid), "host": self.host}  # fmt: skip
+        return pa.RecordBatch.from_arrays(cols, schema=schema.STACKS.with_metadata(meta))
 
     def _op_table(self, np: Any) -> tuple:
         """(framework, op, kind, ufunc) string ids per op index."""

@@ -253,6 +253,6 @@ def test_one_shard_per_process_named_by_pid(tmp_path: Path) -> None:
             for b in reader:
                 assert set(b.column("pid").to_pylist()) <= {pid}
     assert len(by_pid) == 3 and parent in by_pid and child in by_pid
-    assert all(sorted(v) == ["ops", "tensors"] for v in by_pid.values())
+    assert all(sorted(v) == ["ops", "stacks", "tensors"] for v in by_pid.values())
     counts = sql(r.run_dir, "SELECT pid, count(*) AS n FROM ops GROUP BY pid")
     assert sorted(c["n"] for c in counts) == [2, 2, 2]
