@@ -84,11 +84,14 @@ def test_streams_ops_tensors_and_python_tables(tmp_path: Path, coll: Collector) 
     # the client's figures in its local meta.json, and the collector's procs/*.json
     c = meta(local)["collector"]
     assert c["rows_dropped"] == 0 and c["spooled_batches"] == 0 and c["breaker"] == "closed"
-    assert c["rows_sent"] == len(want) + len(_tensor_rows(local)) + 30
+    stacks = int(sql(local, "SELECT count(*) AS n FROM stacks")[0]["n"])  # the call stacks
+    assert sql(got, "SELECT count(*) AS n FROM stacks")[0]["n"] == stacks
+    assert c["rows_sent"] == len(want) + len(_tensor_rows(local)) + 30 + stacks
     proc = json.loads((got / "procs" / f"{host}-{pid}.json").read_text())
     assert proc["end"]["exit"]["status"] == "ok" and proc["end"]["rows_dropped"] == 0
     assert proc["process"]["pid"] == pid and proc["process"]["argv"][0].endswith("prog.py")
-    assert proc["rows"] == {"ops": 92, "tensors": len(_tensor_rows(local)), "python.progress": 30}
+    assert proc["rows"] == {"ops": 92, "tensors": len(_tensor_rows(local)), "stacks": stacks,
+                            "python.progress": 30}  # fmt: skip
     m = meta(got)
     assert m["collected"] and m["exit"]["status"] == "ok" and m["processes"] == 1
     assert (coll.output / "LATEST").read_text().strip() == local.name

@@ -159,14 +159,14 @@ def test_full_spool_drops_and_counts(tmp_path: Path) -> None:
     m = meta(local)["collector"]
     total = sum(
         int(sql(local, f"SELECT count(*) AS n FROM {t}")[0]["n"])
-        for t in ("ops", "tensors", "python.progress")
+        for t in ("ops", "tensors", "stacks", "python.progress")
     )
     assert m["rows_dropped"] > 0 and m["rows_sent"] > 0
     assert m["rows_sent"] + m["rows_dropped"] == total  # nothing else lost
     got = run_folders(c.output)[0]
     kept = sum(
         int(sql(got, f"SELECT count(*) AS n FROM {t}")[0]["n"])
-        for t in ("ops", "tensors", "python.progress")
+        for t in ("ops", "tensors", "stacks", "python.progress")
     )
     assert kept == m["rows_sent"]
     dropped_lines = [x for x in c.err().splitlines() if "rows-dropped" in x]

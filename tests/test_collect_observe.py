@@ -40,7 +40,7 @@ def test_metrics_and_json_log(tmp_path: Path) -> None:
         assert c.stop() == 0
     got = next(p for p in run_folders(c.output) if p.name == r.run_dir.name)
     n = {t: int(sql(got, f"SELECT count(*) AS n FROM {t}")[0]["n"])
-         for t in ("ops", "tensors", "python.progress")}  # fmt: skip
+         for t in ("ops", "tensors", "stacks", "python.progress")}  # fmt: skip
     assert m['pprobe_collect_rows_total{stream="ops"}'] == n["ops"]
     assert m['pprobe_collect_rows_total{stream="tensors"}'] == n["tensors"]
     assert m['pprobe_collect_rows_total{stream="python"}'] == n["python.progress"] + 3

@@ -1,7 +1,8 @@
 """What client and collector say to each other over Arrow Flight.
 
 - ``DoPut``: the descriptor's command is a JSON header ``{"run", "host", "pid", "rank",
-  "stream", "client"}``; ``stream`` is ``ops``, ``tensors``, ``python.<table>`` or ``dumps``;
+  "stream", "client"}``; ``stream`` is ``ops``, ``tensors``, ``stacks``, ``python.<table>`` or
+  ``dumps``;
   ``client`` is a random id per process instance. Each batch's app metadata is
   ``{"batch": n}``, a number that the client never reuses: (client, batch) is the batch's
   identity, and the collector keeps each identity once.
@@ -17,7 +18,7 @@ import re
 from typing import Any
 
 AUTH = "authorization"
-STREAMS = ("ops", "tensors", "dumps")
+STREAMS = ("ops", "tensors", "stacks", "dumps")
 _TABLE = re.compile(r"python\.[A-Za-z_][A-Za-z0-9_]*\Z")
 #: Dump batches' columns (name, codec, data).
 DUMP_COLUMNS = ("name", "codec", "data")
@@ -54,7 +55,7 @@ def parse_command(data: bytes) -> dict[str, Any]:
             raise BadHeader(f"{k!r} must be an integer or null")
     s = h.get("stream")
     if not isinstance(s, str) or not (s in STREAMS or _TABLE.match(s)):
-        raise BadHeader(f"'stream' {s!r} is not ops, tensors, dumps or python.<table>")
+        raise BadHeader(f"'stream' {s!r} is not ops, tensors, stacks, dumps or python.<table>")
     if not re.fullmatch(r"[A-Za-z0-9]{1,64}", h["client"]):
         raise BadHeader("'client' must be 1 to 64 letters and digits")
     return h
