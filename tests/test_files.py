@@ -99,7 +99,9 @@ def test_run_folders_are_private_unless_widened(tmp_path: Path) -> None:
     d = r.check().run_dir
     assert _mode(d) == _mode(d / "log") == _mode(d / "procs") == 0o700
     files = [d / "meta.json", *(d / "log").glob("*.arrows"), *(d / "procs").glob("*.json")]
-    assert len(files) == 4 and {_mode(p) for p in files} == {0o600}
+    shards = sorted(p.name.split("-")[0] for p in (d / "log").glob("*.arrows"))
+    assert shards == ["ops", "stacks", "tensors"]  # and meta.json, procs/<host>-<pid>.json
+    assert len(files) == 5 and {_mode(p) for p in files} == {0o600}
     assert _mode(tmp_path / "out" / "LATEST") == 0o600
     wide = run_script(tmp_path, PROG, env={"PPROBE_MODE": "log", "PPROBE_PERMISSIONS": "group"})
     d = wide.check().run_dir
