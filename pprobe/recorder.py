@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import types
 from array import array
 from collections.abc import Callable
@@ -224,8 +225,9 @@ def deactivate() -> None:
 
 
 def after_fork() -> None:
-    global _pid
+    global _pid, _intern_lock
     _pid = os.getpid()
+    _intern_lock = threading.RLock()  # another thread of the parent may have held it
     buffer.clear()  # the parent's unflushed rows belong to the parent's shard
     if _native is not None:
         _native.after_fork_child()
@@ -504,27 +506,36 @@ def _caller(framework: str = "") -> Any:
 
 def _stack_id(inner: int, site: int) -> int:
     """The id in :data:`stacks` of (``inner`` stack or -1, ``site``) (the native core asks
-    on a cache miss)."""
+    on a cache miss). Under :data:`_intern_lock`: two threads meeting new stacks at once must
+    not take the same id, nor see an id before its arrays hold it."""
     key = ((inner + 2) << 32) | site
-    v = _stack_ids.get(key)
-    if v is not None:
-        return v - _STACK_OFF
-    k = len(stack_inner)
-    _stack_ids[key] = k + _STACK_OFF
-    stack_inner.append(inner)
-    stack_outer.append(site)
-    stack_site.append(site if inner < 0 else stack_site[inner])
-    return k
+    with _intern_lock:
+        v = _stack_ids.get(key)
+        if v is not None:
+            return v - _STACK_OFF
+        k = len(stack_inner)
+        stack_inner.append(inner)
+        stack_outer.append(site)
+        stack_site.append(site if inner < 0 else stack_site[inner])
+        _stack_ids[key] = k + _STACK_OFF  # published once the arrays hold it
+        return k
 
 
 def _site_id(code: Any, line: int) -> int:
     """The index of (code, line) in :data:`sites` (the native core asks on a cache miss)."""
     key = (code, line)
-    k = _site_ids.get(key)
-    if k is None:
-        k = _site_ids[key] = len(sites)
-        sites.append(key)
-    return k
+    with _intern_lock:
+        k = _site_ids.get(key)
+        if k is None:
+            k = len(sites)
+            sites.append(key)
+            _site_ids[key] = k  # published once ``sites`` holds it
+        return k
+
+
+#: New sites and stacks are interned one thread at a time (a miss is rare: once per site).
+#: Re-entrant: a signal handler's op on the same thread may intern while the thread does.
+_intern_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------- the hot path

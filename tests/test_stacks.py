@@ -144,3 +144,45 @@ def test_stack_interning_chains_frames_innermost_first() -> None:
             del arr[n:]
         for k in set(recorder._stack_ids) - keys:
             del recorder._stack_ids[k]
+
+
+def test_interning_from_many_threads_gives_one_id_each() -> None:
+    """New sites and stacks met by threads at once: one id per key, each id's arrays filled
+    before any thread can see it (a race here once made 'finding the caller' fail)."""
+    import sys
+    import threading
+
+    from pprobe import recorder
+
+    codes = [compile(f"x{i} = {i}", f"<interning-{i}>", "exec") for i in range(400)]
+    got: dict[int, list[tuple[int, int]]] = {}
+    errors: list[BaseException] = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+
+    def work(t: int) -> None:
+        try:
+            out = []
+            for i, c in enumerate(codes):
+                site = recorder._site_id(c, i + 1)
+                inner = recorder._stack_id(-1, site)
+                sid = recorder._stack_id(inner, site)
+                assert recorder.stack_site[sid] == site
+                out.append((site, sid))
+            got[t] = out
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors
+    assert all(got[t] == got[0] for t in got)  # every thread got the same ids
+    sites = [s for s, _ in got[0]]
+    assert len(set(sites)) == len(codes)
+    assert [recorder.sites[s][0] for s in sites] == codes
