@@ -46,6 +46,17 @@ _patched: dict[str, tuple[Any, Any]] = {}
 _cleanup_armed = False
 
 
+def _trainer_services(trainer: Any, pl_module: Any) -> dict[str, Any]:
+    """The services a Trainer knows from ``fit`` on: trainer, model, optimizer, scheduler."""
+    configs = getattr(trainer, "lr_scheduler_configs", None) or []
+    return {
+        "trainer": trainer,
+        "model": pl_module,
+        "optimizer": first_of(getattr(trainer, "optimizers", None)),
+        "scheduler": getattr(first_of(configs), "scheduler", None),
+    }
+
+
 def install(module: Any) -> dict[str, Any]:
     """Patch ``module.Trainer`` (module: ``lightning.pytorch`` or ``pytorch_lightning``)."""
     name = module.__name__
@@ -113,22 +124,12 @@ def make_callback(base: type) -> type:
 
         @guarded("the Lightning integration (on_fit_start)")
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-            configs = getattr(trainer, "lr_scheduler_configs", None) or []
-            register_services({
-                "trainer": trainer,
-                "model": pl_module,
-                "optimizer": first_of(getattr(trainer, "optimizers", None)),
-                "scheduler": getattr(first_of(configs), "scheduler", None),
-            })  # fmt: skip
+            register_services(_trainer_services(trainer, pl_module))
 
         @guarded("the Lightning integration (on_train_start)")
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            configs = getattr(trainer, "lr_scheduler_configs", None) or []
             register_services({
-                "trainer": trainer,
-                "model": pl_module,
-                "optimizer": first_of(getattr(trainer, "optimizers", None)),
-                "scheduler": getattr(first_of(configs), "scheduler", None),
+                **_trainer_services(trainer, pl_module),
                 "train_loader": getattr(trainer, "train_dataloader", None),
                 "val_loader": getattr(trainer, "val_dataloaders", None),
                 "epoch": trainer.current_epoch,
