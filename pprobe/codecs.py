@@ -106,11 +106,18 @@ def encode(name: str, array: Any) -> tuple[bytes, dict[str, Any]]:
         return _encode_lossy(codec, a)
     got = codec.encode(a)
     if got is None:
-        codec = _REGISTRY[FALLBACK]
-        got = codec.encode(a)
-        assert got is not None
+        return _encode_fallback(a)
     blob = _pack(codec.name, a, got[0], got[1])
     return blob, _info(codec.name, False, 0.0, blob, a)
+
+
+def _encode_fallback(a: np.ndarray) -> tuple[bytes, dict[str, Any]]:
+    """``a`` by the lossless fallback codec (a codec declined it)."""
+    fb = _REGISTRY[FALLBACK]
+    got = fb.encode(a)
+    assert got is not None
+    blob = _pack(fb.name, a, got[0], got[1])
+    return blob, _info(fb.name, False, 0.0, blob, a)
 
 
 def _info(codec: str, lossy: bool, err: float, blob: bytes, a: np.ndarray) -> dict[str, Any]:
@@ -133,11 +140,7 @@ def _encode_lossy(codec: Codec, a: np.ndarray) -> tuple[bytes, dict[str, Any]]:
         work = w.reshape(a.shape)
     got = codec.encode(work)
     if got is None:
-        fb = _REGISTRY[FALLBACK]
-        got = fb.encode(a)
-        assert got is not None
-        blob = _pack(fb.name, a, got[0], got[1])
-        return blob, _info(fb.name, False, 0.0, blob, a)
+        return _encode_fallback(a)
     payload, params = got
     dec = np.asarray(codec.decode(payload, a.dtype, a.shape, params)).reshape(-1)
     # Elements the codec cannot hold are kept exactly: NaN/inf, and values it turns into one.
