@@ -142,6 +142,37 @@ def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
     out["msprobe"] = {"task": task, "level": "L1"}
 
 
+def alternate(out: dict[str, Any]) -> None:
+    """The extension API's cost measured inside one process (bench/ext_cost.py): blocks of
+    ``block_steps`` steps with the table and metric registered ("on") and unregistered ("off"),
+    in the order on-off-off-on (linear drift cancels in each quad). An "on" block ends with the
+    python tables' flush inside its timing, so writing its rows is counted in it; an "off"
+    block ends with the same (empty) flush. Each block gives the main thread's CPU time and the
+    process's CPU time (every thread: pprobe's op writer, the tables' flusher)."""
+    from pprobe.ext import tables as ext_tables
+
+    n, quads = int(ARGS.get("block_steps", 300)), int(ARGS.get("quads", 6))
+    blocks: dict[str, list[list[float]]] = {"on": [], "off": []}
+    i = warmup
+    for q in range(quads):
+        for kind in ("on", "off", "off", "on") if q % 2 == 0 else ("off", "on", "on", "off"):
+            if kind == "on":
+                ext_tables.register_table("training_state", training_state)
+                ext_tables.register_metric("steps_seen", steps_seen)
+            else:
+                ext_tables.unregister("table", "training_state")
+                ext_tables.unregister("metric", "steps_seen")
+            t0, p0 = time.thread_time(), time.process_time()
+            for _ in range(n):
+                step(i)
+                i += 1
+            ext_tables.flush()
+            blocks[kind].append([time.thread_time() - t0, time.process_time() - p0])
+    out["blocks"] = blocks
+    out["block_steps"] = n
+    out["loop_s"] = sum(b[1] for v in blocks.values() for b in v)
+
+
 def main() -> None:
     if not ARGS.get("msprobe"):  # msprobe's warm-up runs under it (run_msprobe)
         for i in range(warmup):
@@ -173,6 +204,8 @@ def main() -> None:
             run_msprobe(ARGS["msprobe"], d, out)
         finally:
             shutil.rmtree(d, ignore_errors=True)
+    elif ARGS.get("ext") == "alternate":
+        alternate(out)
     else:
         t0 = time.thread_time()
         with Span() as loop:
