@@ -550,8 +550,9 @@ def _activate() -> None:
 
 def _after_fork() -> None:
     """A forked child: its parent's unwritten rows and open shards are not its own."""
-    global _flusher, _write_lock, _lock, _pid
+    global _flusher, _write_lock, _lock, _pid, _fork_locked
     _pid = None
+    _fork_locked = False
     _flusher = None  # the next record or stop starts or needs none
     _lock = threading.RLock()  # another thread may have held them at the fork
     _write_lock = threading.Lock()
@@ -561,8 +562,31 @@ def _after_fork() -> None:
     _shard_k.clear()
 
 
+_fork_locked = False
+
+
+def _before_fork() -> None:
+    """Wait for a write in progress: the pprobe-ext thread imports pyarrow and writes under
+    ``_write_lock``, and a child forked in the middle inherits importlib's lock on the module
+    held by a thread it does not have (its first import of pyarrow would wait forever)."""
+    global _fork_locked
+    _fork_locked = _write_lock.acquire(timeout=FORK_WAIT_S)
+
+
+def _after_fork_parent() -> None:
+    global _fork_locked
+    if _fork_locked:
+        _fork_locked = False
+        _write_lock.release()
+
+
+#: Longest a fork waits for a write of the python tables in progress.
+FORK_WAIT_S = 5.0
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork
+    )
 
 
 def stop(exiting: bool = True) -> None:
