@@ -23,7 +23,10 @@ from typing import Any
 from . import _report, recorder, records, safefs, state, values
 from .state import INTERNAL
 
-FORK_WAIT_S = 0.25  # the longest a fork waits for a flush in progress
+#: The longest a fork waits for a flush in progress. A flush takes milliseconds, but the first
+#: one imports pyarrow (0.1-1 s on a loaded machine): a child forked in the middle of that
+#: import would wait forever on importlib's lock on the module, held by a thread it lacks.
+FORK_WAIT_S = 5.0
 SWITCH_S = 0.0002  # the GIL switch interval while the writer works
 
 
