@@ -173,6 +173,7 @@ def _undo(owner: str) -> None:
         for k, v in list(tables.static.items()):
             if v[1] == owner:
                 del tables.static[k]
+        tables._sources_changed()
     hooks.remove_owned(owner)
     st = sys.modules.get("pprobe.ext.settings")
     if st is not None:

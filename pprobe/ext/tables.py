@@ -80,6 +80,10 @@ memory: dict[str, list[dict[str, Any]]] = {}
 #: Functions called with (table, rows) for every batch of rows added (the exporters' tap:
 #: pprobe.hooks.exporters); they must not block.
 taps: list[Callable[[str, list[dict[str, Any]]], None]] = []
+#: The sources to sample, in registration order (rebuilt when ``sources`` changes).
+_todo: list[Source] = []
+#: Sampled values not yet made rows: (step, rank, ts_ns, [(source, value), ...]).
+_raw: list[tuple[int, Any, int, list[tuple[Source, Any]]]] = []
 _steps_seen = 0
 _every: int | None = None
 _active = False
@@ -120,6 +124,7 @@ def register_metric(name: str, fn: Callable[[], Any], owner: str | None = None) 
         raise ExtensionError(f"metric {name!r}: {fn!r} is not callable")
     with _lock:
         sources[("metric", name)] = Source("metric", name, fn, owner)
+        _sources_changed()
     _activate()
 
 
@@ -137,6 +142,7 @@ def register_table(name: str, data: Any, owner: str | None = None) -> None:
         else:
             sources.pop(("table", name), None)
             static[name] = (_as_arrow(name, data), owner)
+        _sources_changed()
     _activate()
     if name in static:
         _write_static(name)
@@ -148,6 +154,13 @@ def unregister(kind: str, name: str) -> None:
         sources.pop((kind, name), None)
         if kind == "table":
             static.pop(name, None)
+        _sources_changed()
+
+
+def _sources_changed() -> None:
+    """``sources`` changed (called holding ``_lock``): a new list for :func:`sample`."""
+    global _todo
+    _todo = list(sources.values())
 
 
 def record(table: str, row: Any) -> None:
@@ -187,7 +200,11 @@ def _add(table: str, rows: list[dict[str, Any]], std: dict[str, Any] | None = No
         return
     if std is None:
         std = _std()
-    out = [{**std, **r} for r in rows]  # the user's column wins over pprobe's of the same name
+    _add_rows(table, [{**std, **r} for r in rows])  # the user's column wins over pprobe's
+
+
+def _add_rows(table: str, out: list[dict[str, Any]]) -> None:
+    """Rows with their standard columns: to ``pending`` and the taps."""
     with _lock:
         pending.setdefault(table, []).extend(out)
     for tap in taps:
@@ -471,35 +488,72 @@ def note_failure(what: str, src: Any, e: BaseException) -> None:
 
 
 def sample(reason: str = "demand") -> None:
-    """Call every ``@table`` and ``@metric`` function now; their rows wait for the flush."""
-    with _lock:
-        todo = [s for s in sources.values() if not s.off]
-    std = _std()  # one time and step for the whole sample
-    for s in todo:
-        what = s.what
-        got = call_guarded(what, s.fn, s)
-        if got is _FAILED:
-            continue
-        if s.kind == "metric":
-            try:
-                value = None if got is None else float(got)
-            except (TypeError, ValueError) as e:
-                note_failure(what, s, e)
+    """Call every ``@table`` and ``@metric`` function now; their rows wait for the flush.
+
+    This runs on the program's thread (at a step boundary, say), so it does only what must be
+    done now: call the functions (as pprobe's own code: their ops are not recorded), take a
+    metric's number, and copy a returned dict (the program may change it later). Checking the
+    rows, adding the standard columns and handing them to the exporters' taps wait in
+    ``_raw`` for :func:`_drain` (the flusher thread, a live query, the exit)."""
+    todo = _todo
+    if not todo:
+        return
+    got_all: list[tuple[Source, Any]] = []
+    local = state.local
+    saved = local.depth
+    local.depth = state.INTERNAL
+    try:
+        for s in todo:
+            if s.off:
                 continue
-            row = dict(std)
-            row["name"] = s.name
-            row["value"] = value
-            with _lock:
-                pending.setdefault("metrics", []).append(row)
-            for tap in taps:
-                tap("metrics", [row])
-        else:
+            try:
+                got = s.fn()
+                if s.kind == "metric":
+                    got = None if got is None else float(got)
+                elif type(got) is dict:
+                    got = dict(got)
+                elif isinstance(got, (list, tuple)):
+                    got = [dict(r) if type(r) is dict else r for r in got]
+                elif got is not None:  # a DataFrame or an Arrow table: rows now
+                    got = _rows_of(s.name, got)
+            except Exception as e:
+                note_failure(s.what, s, e)
+                continue
+            got_all.append((s, got))
+    finally:
+        local.depth = saved
+    if got_all:
+        item = (state.step, state.rank, time.time_ns(), got_all)
+        with _lock:
+            _raw.append(item)
+
+
+def _drain() -> None:
+    """Turn the sampled values waiting in ``_raw`` into rows of ``pending`` (and the taps)."""
+    with _lock:
+        if not _raw:
+            return
+        batch = list(_raw)
+        _raw.clear()
+    std = _std()
+    for step, rank, ts_ns, got_all in batch:
+        std = {**std, "step": step, "rank": rank, "ts_ns": ts_ns}
+        metrics = []
+        for s, got in got_all:
+            if s.kind == "metric":
+                row = dict(std)
+                row["name"] = s.name
+                row["value"] = got
+                metrics.append(row)
+                continue
             try:
                 rows = _rows_of(s.name, got)
             except Exception as e:
-                note_failure(what, s, e)
+                note_failure(s.what, s, e)
                 continue
             _add(s.name, rows, std)
+        if metrics:
+            _add_rows("metrics", metrics)
 
 
 def on_step(old: int, new: int) -> None:
@@ -557,6 +611,7 @@ def _after_fork() -> None:
     _lock = threading.RLock()  # another thread may have held them at the fork
     _write_lock = threading.Lock()
     pending.clear()
+    _raw.clear()
     memory.clear()
     _sinks.clear()
     _shard_k.clear()
@@ -669,6 +724,7 @@ def _host(session: Any) -> str:
 
 def flush() -> None:
     """Write every pending row (this process's shards); without a run, keep them in memory."""
+    _drain()
     with _lock:
         todo = {k: v for k, v in pending.items() if v}
         pending.clear()
@@ -781,6 +837,7 @@ def _write_snapshot(name: str, tbl: Any, std_columns: bool = False) -> None:
 
 def snapshot_memory() -> dict[str, Any]:
     """Rows not written to a run (no session, or still pending) as Arrow tables, by table."""
+    _drain()
     with _lock:
         rows = {t: list(memory.get(t, [])) + list(pending.get(t, [])) for t in
                 set(memory) | set(pending)}  # fmt: skip

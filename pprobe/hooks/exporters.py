@@ -278,6 +278,9 @@ class Forwarder:
         """Move the buffered rows to each exporter's queue, then send what may be sent (one
         thread at a time: the exporter thread, or the exit handler). False when another
         thread pumps for longer than ``timeout`` s (an exporter stuck in ``log``)."""
+        from ..ext import tables  # imported by the time a Forwarder pumps (its start)
+
+        tables._drain()  # values sampled on the program's thread become rows (and the tap)
         if not self._pump_lock.acquire(timeout=timeout):
             return False
         try:
