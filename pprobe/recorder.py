@@ -190,7 +190,9 @@ def configure(
 
 
 def _push() -> None:
-    """Hand the hot path's settings to the native core."""
+    """Hand the hot path's settings to the native core (and the Python engine's fast path)."""
+    global _fast
+    _fast = FAST_PATH and _active and not _mode and not _dtypes
     if _native is not None:
         _native.configure(_active, _nested, _parents, _mode, bool(_mode or _dtypes),
                           _flush_rows, _wake)  # fmt: skip
@@ -283,6 +285,7 @@ def add_internal_path(path: str, owner: Any = True) -> None:
     if all(p != q for q, _ in _internal_prefixes):
         _internal_prefixes.append((p, owner))
         _internal_code.clear()
+        _clear_site_caches()
         if _native is not None:
             _native.clear_code_cache()
 
@@ -300,6 +303,7 @@ def add_internal_code(code: Any) -> None:
     """Frames running ``code`` are pprobe's own (see :func:`add_internal_path`)."""
     _own_code.add(code)
     _internal_code[code] = True
+    _clear_site_caches()
     if _native is not None:
         _native.clear_code_cache()
 
@@ -366,6 +370,7 @@ def add_dispatch_file(path: str) -> None:
     if path not in _dispatch_files:
         _dispatch_files = (*_dispatch_files, path)
         _mine.clear()
+        _clear_site_caches()
         if _native is not None:
             _native.clear_code_cache()
 
@@ -539,10 +544,272 @@ _intern_lock = threading.RLock()
 
 
 # ---------------------------------------------------------------------- the hot path
+# ------------------------------------------------------------- the hot path: log mode, fast
+# Log mode's fast path (the Python engine): what the general path (_call_general, _record,
+# _begin, _end) does for an outermost call of a selected op, in one frame, with what can be
+# decided once cached:
+# - the caller, the first frame that is not pprobe's: its trampoline and call site, by
+#   (id(code), f_lasti) (a line's site is the site of every instruction on it);
+# - the outer frames of the stack: (id(code), f_lasti) -> site, or -1 for a frame that is not
+#   the program's. The code objects are kept alive in _kept: an id is never reused;
+# - a NumPy array's desc record past its seq, by (role, idx, shape, dtype).
+# The rows are the general path's, byte for byte (tests/test_pyengine.py compares them).
+_at_first: dict[tuple[int, int], tuple[Callable, int]] = {}  # -> (trampoline, site or -1)
+_at_outer: dict[tuple[int, int], int] = {}  # -> site, or -1: not a program frame
+#: (role 0 input / 1 output, idx, shape, dtype) -> desc record past its seq, for NumPy arrays
+#: of a plain dtype (:func:`_rest_miss`)
+_rests: dict[tuple, bytes] = {}
+_rests_get = _rests.get
+_fast = False  # log mode, no PPROBE_DTYPES, a session on and the step in the window
+#: False: every call takes the general path (tests compare the two paths' rows).
+FAST_PATH = True
+plain_types: Any = values.PLAIN_TYPES
+_plain_dtype_classes = values.PLAIN_DTYPE_CLASSES
+_ROLES = ("input", "output")
+
+
+def _clear_site_caches() -> None:
+    _at_first.clear()
+    _at_outer.clear()
+
+
+def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
+    """The trampoline and call site of the caller frame ``f`` (a cache miss of :func:`call`):
+    -1 when ``f`` is not a program frame (the general path decides what the call is)."""
+    tramp = _tramps.get(key)
+    if tramp is None:
+        tramp = _tramps[key] = _make_tramp(code, f.f_lineno or code.co_firstlineno, f.f_globals)
+    k = -1 if _is_internal(code) else _site_id(code, f.f_lineno)
+    _kept.append(code)
+    e = _at_first[key] = (tramp, k)
+    return e
+
+
+def _outer_at(f: Any, key: tuple[int, int]) -> int:
+    code = f.f_code
+    k = -1 if _is_internal(code) else _site_id(code, f.f_lineno)
+    _kept.append(code)
+    _at_outer[key] = k
+    return k
+
+
+def _rest_miss(key: tuple, x: Any, h: Any) -> bytes | tuple:
+    """The desc record past its seq of array ``x`` (``key`` as in :data:`_rests`), cached when
+    its dtype is a plain one; or its description, for records.encode_descs."""
+    if h is None:
+        h = values.kind_of(x.__class__)
+    d = h.light(_ROLES[key[0]], key[1], x)
+    dt = key[3]
+    if (
+        d[6] is None
+        and d[7] is None
+        and d[8] is None
+        and d[2].__class__ is bytes
+        and len(d[2]) <= records.MAX_INLINE_DIMS * 8
+        and getattr(dt, "fields", 0) is None
+        and getattr(dt, "subdtype", 0) is None
+        and type(dt) in _plain_dtype_classes
+    ):
+        rest = records.encode_descs(0, [d], [])[8:]
+        if len(_rests) > 65536:
+            _rests.clear()
+        _rests[key] = rest
+        return rest
+    return d
+
+
+_kinds_get = values._kinds.get
+_collect = values.collect
+_pack_seq = records.pack_seq
+_pack_op = records.OP_STRUCT.pack
+_sid = records.sid
+_sid_get = records._ids.get
+_S_OK = records.S_OK
+_EMPTY_ARGS: tuple = ((), ())
+
+
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run ``fn(*args, **kwargs)``, recording it as a call of ``op`` when it is captured."""
     __tracebackhide__ = True  # pytest and IPython leave pprobe's frames out of tracebacks
-    depth = _local.depth
+    loc = _local
+    depth = loc.depth
+    if depth:
+        if depth >= INTERNAL or not _nested:
+            return as_caller(fn)(fn, args, kwargs)
+        return _call_general(op, fn, args, kwargs, depth)
+    if not _fast or not op.selected or op.sampled:
+        return _call_general(op, fn, args, kwargs, 0)
+    k: Any
+    rest: Any
+    x: Any
+    # the caller: as_caller's walk (pprobe's frames skipped); its trampoline and site cached
+    f: Any = _getframe(1)
+    while True:
+        code = f.f_code
+        m = _mine.get(id(code))
+        if m is None:
+            m = _classify(code)
+        if not m:
+            break
+        f = f.f_back
+        if m == 2 or f is None:  # a framework's dispatch machinery: the general path
+            return _call_general(op, fn, args, kwargs, 0)
+    key = (id(code), f.f_lasti)
+    ent = _at_first.get(key)
+    if ent is None:
+        ent = _first_at(code, f, key)
+    tramp, k = ent
+    if k < 0:  # not the program's frame (a framework's own code, an import): the general path
+        return _call_general(op, fn, args, kwargs, 0)
+    loc.depth = INTERNAL
+    try:
+        # the stack (as _caller): its innermost frame, then the next program frames out
+        s = _stack_ids.get((1 << 32) | k)
+        s = _stack_id(-1, k) if s is None else s - _STACK_OFF
+        n = _stack_depth - 1
+        f = f.f_back
+        while n > 0 and f is not None:
+            key = (id(f.f_code), f.f_lasti)
+            k = _at_outer.get(key)
+            if k is None:
+                k = _outer_at(f, key)
+            if k >= 0:
+                t = _stack_ids.get(((s + 2) << 32) | k)
+                s = _stack_id(s, k) if t is None else t - _STACK_OFF
+                n -= 1
+            f = f.f_back
+        arrays, others = _collect(args, kwargs) if args or kwargs else _EMPTY_ARGS
+        seq = next(state.seq)
+        pre = _pack_seq(seq)
+        descs: list = []  # desc records, or descriptions for records.encode_descs
+        plain = not others
+        for idx, x, h in arrays:
+            if x.__class__ in plain_types:
+                key2 = (0, idx, x.shape, x.dtype)
+                rest = _rests_get(key2)
+                if rest is None:
+                    rest = _rest_miss(key2, x, h)
+            else:
+                rest = h.light("input", idx, x)
+            if rest.__class__ is bytes:
+                descs.append(pre + rest)
+            else:
+                descs.append(rest)
+                plain = False
+    except Exception as e:  # pprobe's own failure: never the user's problem
+        loc.depth = 0
+        _report.internal_error("recording inputs", e)
+        return tramp(fn, args, kwargs)
+    if _parents:  # parents matter only when nested calls (or torch's levels) are recorded
+        parent = loc.parent
+        loc.parent = seq
+    else:
+        parent = -1
+    loc.depth = 1
+    t0 = perf_counter_ns()
+    try:
+        result = tramp(fn, args, kwargs)
+    except BaseException as e:
+        t1 = perf_counter_ns()
+        if _parents:
+            loc.parent = parent
+        _fast_row(op, seq, t0, t1, s, parent, type(e).__name__, descs, others, None)
+        raise
+    t1 = perf_counter_ns()
+    if _parents:
+        loc.parent = parent
+    if result is NotImplemented:  # an operator deferring: not an op
+        loc.depth = 0
+        return result
+    loc.depth = INTERNAL
+    try:
+        if plain and result.__class__ in plain_types:
+            key2 = (1, "0", result.shape, result.dtype)
+            rest = _rests_get(key2)
+            if rest is None:
+                rest = _rest_miss(key2, result, _kinds_get(result.__class__))
+            if rest.__class__ is bytes:
+                descs.append(pre + rest)
+                mo = loc.module
+                ph = loc.phase or _phase_default
+                buffer.append(
+                    _pack_op(seq, t0, t1, loc.serial, state.step, parent, op.index, s, 0, _S_OK,
+                             -1 if mo is None else _sid_get(mo) or _sid(mo),
+                             -1 if ph is None else _sid_get(ph) or _sid(ph), len(descs), -1),
+                    b"".join(descs),
+                    None,
+                )  # fmt: skip
+                if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
+                    _wake()
+                loc.depth = 0
+                return result
+        _fast_row(op, seq, t0, t1, s, parent, None, descs, others, result)
+    except Exception as e:  # pprobe's (a step past int64, ...): the call's outcome goes on
+        loc.depth = 0
+        _report.internal_error("recording outputs", e)
+    return result
+
+
+def _fast_row(
+    op: Op,
+    seq: int,
+    t0: int,
+    t1: int,
+    site: int,
+    parent: int,
+    error: str | None,
+    descs: list,
+    others: Any,
+    result: Any,
+) -> None:
+    """The row of :func:`call`'s fast path, in general: the outputs of ``result`` (unless
+    ``error``, the name of the exception the call raised), arguments that are not arrays,
+    descriptions still to encode. Never raises; leaves the thread's depth at 0."""
+    loc = _local
+    loc.depth = INTERNAL
+    try:
+        rest: Any
+        x: Any
+        if error is None:
+            for idx, x, h in values.outputs(result):
+                if x.__class__ in plain_types:
+                    key = (1, idx, x.shape, x.dtype)
+                    rest = _rests_get(key)
+                    if rest is None:
+                        rest = _rest_miss(key, x, h)
+                else:
+                    rest = h.light("output", idx, x)
+                descs.append(_pack_seq(seq) + rest if rest.__class__ is bytes else rest)
+        objs: list = []
+        if others:
+            objs.append(tuple(others))
+            args = 0
+        else:
+            args = -1
+        out = []
+        for d in descs:
+            out.append(d if d.__class__ is bytes else records.encode_descs(seq, [d], objs))
+        mo = loc.module
+        ph = loc.phase or _phase_default
+        buffer.append(
+            _pack_op(seq, t0, t1, loc.serial, state.step, parent, op.index, site, 0,
+                     _sid(error or "ok"), records.sid_or_none(mo), records.sid_or_none(ph),
+                     len(descs), args),
+            b"".join(out),
+            tuple(objs) if objs else None,
+        )  # fmt: skip
+        if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
+            _wake()
+    except Exception as e:
+        _report.internal_error("recording outputs", e)
+    finally:
+        loc.depth = 0
+
+
+def _call_general(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
+    """:func:`call` for what its fast path leaves out (stats and dump modes, PPROBE_DTYPES,
+    nested calls, sampling, a caller that is not plainly the program's frame)."""
+    __tracebackhide__ = True
     if (depth and (depth >= INTERNAL or not _nested)) or not _active:
         return as_caller(fn)(fn, args, kwargs)
     if not op.selected or (op.sampled and not op.take()):

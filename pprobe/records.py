@@ -111,6 +111,7 @@ _PAD = tuple((0,) * k for k in range(MAX_INLINE_DIMS + 1))
 
 
 _pack_seq = struct.Struct("=q").pack
+pack_seq = _pack_seq  # a desc record's seq field (its first 8 bytes)
 _pack_rest = struct.Struct("=" + "".join(c for _, c in DESC_FIELDS[1:])).pack
 _unpack_dims = tuple(struct.Struct(f"={k}q").unpack for k in range(MAX_INLINE_DIMS + 1))
 #: (role, idx, shape, dtype, device, grad) -> the record past its seq, for descriptions with no

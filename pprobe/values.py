@@ -164,6 +164,13 @@ _kinds[list] = _SEQ
 _kinds[tuple] = _SEQ
 _kinds[type] = _TYPE
 _handlers: list[tuple[type, ArrayHandler]] = []
+#: Exact array types whose ``shape`` and ``dtype`` are C getters with no side effect (NumPy's
+#: ndarray and scalar types; pprobe.interceptors.numpy_arrays fills it), and the dtype classes
+#: whose instances are named by what they compare equal to: the Python engine's log mode
+#: caches their descriptions by (shape, dtype) (pprobe.recorder.call). A subclass such as
+#: np.ma.MaskedArray may run Python code there: it is described through its handler.
+PLAIN_TYPES: set[type] = set()
+PLAIN_DTYPE_CLASSES: set[type] = set()
 _scalar_bases: list[type] = list(_SCALAR_TYPES)
 _text_bases: list[tuple[type, _Kind]] = [(type, _TYPE)]
 _repr = reprlib.Repr()

@@ -242,5 +242,7 @@ def register() -> None:
     values.register(np.ndarray, HANDLER)
     values.register(np.generic, HANDLER)
     _init_names()
+    values.PLAIN_TYPES.update({np.ndarray, *(d.type for d in _BUILTIN)})
+    values.PLAIN_DTYPE_CLASSES.update(_SIMPLE_CLASSES)
     values.register_text(np.dtype, dtype_repr)
     _native_init()
