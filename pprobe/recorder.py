@@ -556,6 +556,7 @@ _intern_lock = threading.RLock()
 # The rows are the general path's, byte for byte (tests/test_pyengine.py compares them).
 _at_first: dict[tuple[int, int], tuple[Callable, int]] = {}  # -> (trampoline, site or -1)
 _at_outer: dict[tuple[int, int], int] = {}  # -> site, or -1: not a program frame
+_fast_tramps: dict[int, Callable] = {}  # id(code) -> the fast path's trampoline running it
 #: (role 0 input / 1 output, idx, shape, dtype) -> desc record past its seq, for NumPy arrays
 #: of a plain dtype (:func:`_rest_miss`)
 _rests: dict[tuple, bytes] = {}
@@ -576,9 +577,12 @@ def _clear_site_caches() -> None:
 def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
     """The trampoline and call site of the caller frame ``f`` (a cache miss of :func:`call`):
     -1 when ``f`` is not a program frame (the general path decides what the call is)."""
-    tramp = _tramps.get(key)
-    if tramp is None:
-        tramp = _tramps[key] = _make_tramp(code, f.f_lineno or code.co_firstlineno, f.f_globals)
+    # The fast path's own trampoline (not shared with as_caller's): only the fast path calls
+    # it, after a walk that met pprobe's frames only, so a call inside the one it makes, which
+    # meets pprobe's frames only up to it, may use it too (_mine: 3).
+    tramp = _make_tramp(code, f.f_lineno or code.co_firstlineno, f.f_globals)
+    _mine[id(tramp.__code__)] = 3
+    _fast_tramps[id(tramp.__code__)] = tramp
     k = -1 if _is_internal(code) else _site_id(code, f.f_lineno)
     _kept.append(code)
     e = _at_first[key] = (tramp, k)
@@ -625,7 +629,7 @@ _pack_op = records.OP_STRUCT.pack
 _sid = records.sid
 _sid_get = records._ids.get
 _S_OK = records.S_OK
-_EMPTY_ARGS: tuple = ((), ())
+_IDX = values._IDX
 
 
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -633,8 +637,21 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     __tracebackhide__ = True  # pytest and IPython leave pprobe's frames out of tracebacks
     loc = _local
     depth = loc.depth
+    f: Any
     if depth:
         if depth >= INTERNAL or not _nested:
+            # inside a recorded call: as_caller's walk, which ends at the fast path's own
+            # trampoline when only pprobe's frames are in between (a + b calling np.add)
+            f = _getframe(1)
+            while True:
+                m = _mine.get(id(f.f_code))
+                if m != 1:
+                    break
+                f = f.f_back
+                if f is None:
+                    break
+            if m == 3:
+                return _fast_tramps[id(f.f_code)](fn, args, kwargs)
             return as_caller(fn)(fn, args, kwargs)
         return _call_general(op, fn, args, kwargs, depth)
     if not _fast or not op.selected or op.sampled:
@@ -643,7 +660,7 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     rest: Any
     x: Any
     # the caller: as_caller's walk (pprobe's frames skipped); its trampoline and site cached
-    f: Any = _getframe(1)
+    f = _getframe(1)
     while True:
         code = f.f_code
         m = _mine.get(id(code))
@@ -678,10 +695,27 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
                 s = _stack_id(s, k) if t is None else t - _STACK_OFF
                 n -= 1
             f = f.f_back
-        arrays, others = _collect(args, kwargs) if args or kwargs else _EMPTY_ARGS
         seq = next(state.seq)
         pre = _pack_seq(seq)
         descs: list = []  # desc records, or descriptions for records.encode_descs
+        arrays: Any
+        others: Any
+        if not kwargs and len(args) < 64:  # NumPy arrays only (values.collect's rows)
+            for i, x in enumerate(args):
+                if x.__class__ not in plain_types:
+                    break
+                key2 = (0, _IDX[i], x.shape, x.dtype)
+                rest = _rests_get(key2)
+                if rest is None:
+                    rest = _rest_miss(key2, x, None)
+                    if rest.__class__ is not bytes:
+                        break
+                descs.append(pre + rest)
+            else:
+                arrays = others = ()
+        if len(descs) != len(args) or kwargs:
+            descs = []
+            arrays, others = _collect(args, kwargs)
         plain = not others
         for idx, x, h in arrays:
             if x.__class__ in plain_types:
@@ -732,14 +766,20 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
                 descs.append(pre + rest)
                 mo = loc.module
                 ph = loc.phase or _phase_default
-                buffer.append(
+                row = (
                     _pack_op(seq, t0, t1, loc.serial, state.step, parent, op.index, s, 0, _S_OK,
                              -1 if mo is None else _sid_get(mo) or _sid(mo),
                              -1 if ph is None else _sid_get(ph) or _sid(ph), len(descs), -1),
                     b"".join(descs),
                     None,
                 )  # fmt: skip
-                if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
+                b = buffer  # Buffer.append, inlined while the buffer has room
+                q = b.queue
+                if b.max_rows and len(q) >= b.max_rows:
+                    b.append(*row)
+                else:
+                    q.append(row)
+                if not seq & 1023 and len(q) >= _flush_rows and _wake is not None:
                     _wake()
                 loc.depth = 0
                 return result

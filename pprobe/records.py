@@ -229,6 +229,7 @@ class Buffer:
 
     def __init__(self) -> None:
         self._q: deque = deque()
+        self.queue = self._q  # (the Python engine's fast path appends here while there is room)
         self.max_rows = 0  # back-pressure (limit()): 0, no limit
         self.drop = False
         self.writer_alive = False
