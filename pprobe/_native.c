@@ -877,12 +877,99 @@ static int describe_tensor_type(PyTypeObject *tp) {
     return 0;
 }
 
+/* The four attributes a description reads, per plain tensor type: where the type's lookup
+ * finds a getset descriptor (a data descriptor: it wins over the instance dict) and the type
+ * uses generic attribute lookup, its getter is called directly, which is what
+ * PyObject_GetAttr would end up calling. Valid while the type's version tag is the one seen
+ * when the getters were taken (any change to the type or its bases resets the tag). */
+#define N_TATTRS 4
+typedef struct {
+    PyTypeObject *tp;
+    unsigned int tag;
+    getter get[N_TATTRS];
+    void *closure[N_TATTRS];
+} TensorGetters;
+static TensorGetters g_tgetters[4];
+static int g_ntgetters = 0;
+
+static PyObject *mro_lookup(PyTypeObject *tp, PyObject *name) {
+    PyObject *mro = tp->tp_mro;
+    if (!mro || !PyTuple_Check(mro)) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *d = ((PyTypeObject *)PyTuple_GET_ITEM(mro, i))->tp_dict;
+        PyObject *v = d ? PyDict_GetItemWithError(d, name) : NULL;
+        if (v || PyErr_Occurred()) return v;
+    }
+    return NULL;
+}
+
+/* Take the getters of the plain tensor types (from torch_init); types where any attribute
+ * is not a plain getset descriptor keep PyObject_GetAttr. */
+static void take_tensor_getters(void) {
+    g_ntgetters = 0;
+    PyObject *names[N_TATTRS] = {str_shape, str_dtype, str_is_cpu, str_requires_grad};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(torch_plain) && g_ntgetters < 4; i++) {
+        PyTypeObject *tp = (PyTypeObject *)PyTuple_GET_ITEM(torch_plain, i);
+        if (!PyType_Check(tp) || tp->tp_getattro != PyObject_GenericGetAttr) continue;
+        TensorGetters *g = &g_tgetters[g_ntgetters];
+        int ok = 1;
+        for (int k = 0; k < N_TATTRS && ok; k++) {
+            PyObject *d = mro_lookup(tp, names[k]);
+            if (!d || !Py_IS_TYPE(d, &PyGetSetDescr_Type) ||
+                !((PyGetSetDescrObject *)d)->d_getset->get) {
+                PyErr_Clear();
+                ok = 0;
+                break;
+            }
+            g->get[k] = ((PyGetSetDescrObject *)d)->d_getset->get;
+            g->closure[k] = ((PyGetSetDescrObject *)d)->d_getset->closure;
+        }
+        if (!ok) continue;
+        /* a type lookup gives the type its version tag (assigned lazily) */
+        PyObject *d = PyObject_GetAttr((PyObject *)tp, str_shape);
+        Py_XDECREF(d);
+        PyErr_Clear();
+        g->tp = tp;
+        g->tag = tp->tp_version_tag;
+        if (g->tag && PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) g_ntgetters++;
+    }
+}
+
+static inline TensorGetters *tensor_getters(PyTypeObject *tp) {
+    for (int i = 0; i < g_ntgetters; i++)
+        if (g_tgetters[i].tp == tp)
+            return tp->tp_version_tag == g_tgetters[i].tag &&
+                           PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)
+                       ? &g_tgetters[i]
+                       : NULL;
+    return NULL;
+}
+
+static PyObject *torch_getters(PyObject *self, PyObject *unused) {
+    /* the tensor types whose attributes are read through their getters now (tests) */
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l && i < g_ntgetters; i++)
+        if (tensor_getters(g_tgetters[i].tp) &&
+            PyList_Append(l, (PyObject *)g_tgetters[i].tp) < 0)
+            Py_CLEAR(l);
+    return l;
+}
+
 static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
     int ok = 0;
-    PyObject *shape = PyObject_GetAttr(x, str_shape);
-    PyObject *dtype = shape ? PyObject_GetAttr(x, str_dtype) : NULL;
-    PyObject *is_cpu = dtype ? PyObject_GetAttr(x, str_is_cpu) : NULL;
-    PyObject *grad = is_cpu ? PyObject_GetAttr(x, str_requires_grad) : NULL;
+    PyObject *shape, *dtype, *is_cpu, *grad;
+    TensorGetters *g = tensor_getters(Py_TYPE(x));
+    if (g) {
+        shape = g->get[0](x, g->closure[0]);
+        dtype = shape ? g->get[1](x, g->closure[1]) : NULL;
+        is_cpu = dtype ? g->get[2](x, g->closure[2]) : NULL;
+        grad = is_cpu ? g->get[3](x, g->closure[3]) : NULL;
+    } else {
+        shape = PyObject_GetAttr(x, str_shape);
+        dtype = shape ? PyObject_GetAttr(x, str_dtype) : NULL;
+        is_cpu = dtype ? PyObject_GetAttr(x, str_is_cpu) : NULL;
+        grad = is_cpu ? PyObject_GetAttr(x, str_requires_grad) : NULL;
+    }
     if (!grad) {
         PyErr_Clear(); /* nested tensors have no shape: the Python path */
         goto done;
@@ -1656,9 +1743,191 @@ static PyObject *torch_init(PyObject *self, PyObject *args) {
         if (!g_torch_ops) return NULL;
     }
     PyDict_Clear(g_torch_ops);
+    take_tensor_getters();
     if (!s_forward) s_forward = PyUnicode_InternFromString("forward");
     if (!s_backward) s_backward = PyUnicode_InternFromString("backward");
     if (!s_forward || !s_backward) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ the api mode's handler
+ * ApiMode.__torch_function__ itself with the native engine (torch_mode() turns it on): torch
+ * calls it as mode.__torch_function__(func, types, args, kwargs), with the mode taken off its
+ * stack for the duration (the call of func inside runs unprobed at this level). No Python
+ * frame of pprobe's is between the program's call and func: where the innermost Python frame
+ * is the program's own, func is called from here and a warning names the program's line, as
+ * unprobed. Where it is not (a Python-level torch function dispatched through
+ * torch/overrides.py), the call goes through recorder.as_caller's trampoline as before. */
+static int g_torch_on = 0;
+static PyObject *torch_compiler_dict = NULL; /* torch.compiler.__dict__ */
+static PyObject *str_compiling_flag = NULL;  /* "_is_compiling_flag" */
+static PyObject *py_torch_call_fn = NULL;    /* this module's torch_call */
+static PyObject *empty_tuple = NULL;
+
+/* func(*args, **kwargs) as the program's call would make it (recorder.as_caller) */
+static PyObject *tf_plain(PyObject *func, PyObject *targs, PyObject *kw, PyObject *via) {
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    int m = 0;
+    if (f && py_classify) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        m = mine_class(code);
+        Py_DECREF(code);
+        if (m < 0) {
+            report("finding the caller");
+            m = 0;
+        }
+    }
+    if (!m) {
+        if (!via) return PyObject_Call(func, targs, kw);
+        PyObject *a[3] = {func, targs, kw ? kw : Py_None};
+        return PyObject_Vectorcall(via, a, 3, NULL);
+    }
+    PyObject *t = as_caller(NULL, &func, 1);
+    if (!t) {
+        report("finding the caller");
+        return via ? PyObject_CallFunctionObjArgs(via, func, targs, kw ? kw : Py_None, NULL)
+                   : PyObject_Call(func, targs, kw);
+    }
+    PyObject *kwd = kw ? Py_NewRef(kw) : PyDict_New();
+    PyObject *r = NULL;
+    if (kwd) {
+        if (via) {
+            PyObject *inner = PyTuple_Pack(3, func, targs, kwd);
+            PyObject *empty = inner ? PyDict_New() : NULL;
+            r = empty ? PyObject_CallFunctionObjArgs(t, via, inner, empty, NULL) : NULL;
+            Py_XDECREF(inner);
+            Py_XDECREF(empty);
+        } else {
+            r = PyObject_CallFunctionObjArgs(t, func, targs, kwd, NULL);
+        }
+        Py_DECREF(kwd);
+    }
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargsf,
+                                PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    PyObject *func = n > 0 ? a[0] : NULL, *targs = n > 2 ? a[2] : empty_tuple;
+    PyObject *kw = n > 3 ? a[3] : NULL;
+    if (kwnames) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (PyUnicode_Check(k) && PyUnicode_CompareWithASCIIString(k, "args") == 0)
+                targs = a[n + i];
+            else if (PyUnicode_Check(k) && PyUnicode_CompareWithASCIIString(k, "kwargs") == 0)
+                kw = a[n + i];
+            else if (PyUnicode_Check(k) && PyUnicode_CompareWithASCIIString(k, "func") == 0)
+                func = a[n + i];
+        }
+    }
+    if (kw == Py_None) kw = NULL;
+    if (!func || !targs || !PyTuple_Check(targs) || (kw && !PyDict_Check(kw))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "__torch_function__(func, types, args: tuple = (), kwargs: dict = None)");
+        return NULL;
+    }
+    if (torch_compiler_dict) {
+        /* torch.compiler.is_compiling(): dynamo or export traces; nothing is recorded */
+        PyObject *c = PyDict_GetItemWithError(torch_compiler_dict, str_compiling_flag);
+        if (c == Py_True) return PyObject_Call(func, targs, kw);
+        if (!c) PyErr_Clear();
+    }
+    if (!g_torch_on || !g_active || !g_torch_ops) return tf_plain(func, targs, kw, NULL);
+    long depth = tl_depth;
+    if (depth && (depth >= INTERNAL || !g_nested)) return tf_plain(func, targs, kw, NULL);
+    Py_ssize_t opi;
+    PyObject *v = PyDict_GetItemWithError(g_torch_ops, func);
+    if (v) {
+        opi = PyLong_AsSsize_t(v);
+    } else {
+        int unhashable = PyErr_Occurred() != NULL;
+        PyErr_Clear();
+        tl_depth = INTERNAL;
+        PyObject *r = PyObject_CallOneArg(py_torch_op, func);
+        tl_depth = depth;
+        if (!r) {
+            report("naming a torch function");
+            return tf_plain(func, targs, kw, NULL);
+        }
+        opi = PyLong_AsSsize_t(r);
+        if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
+        Py_DECREF(r);
+    }
+    if (opi < 0) return tf_plain(func, targs, kw, NULL);
+    PyFrameObject *f = PyEval_GetFrame();
+    if (f) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int m = mine_class(code);
+        Py_DECREF(code);
+        if (m != 0) { /* a dispatching frame on top (or an error): the trampoline's way */
+            if (m < 0) PyErr_Clear();
+            return tf_plain(func, targs, kw, py_torch_call_fn);
+        }
+    }
+    PyObject *tid = PyObject_CallNoArgs(py_task_id);
+    int backward = 0;
+    if (tid) {
+        backward = PyLong_AsLong(tid) != -1;
+        Py_DECREF(tid);
+    } else {
+        PyErr_Clear();
+    }
+    if (!backward) return record_tuple_call(opi, NULL, func, targs, kw);
+    PyObject *saved = tl_phase;
+    tl_phase = Py_NewRef(s_backward);
+    PyObject *r = record_tuple_call(opi, NULL, func, targs, kw);
+    Py_DECREF(tl_phase);
+    tl_phase = saved;
+    return r;
+}
+
+/* The handler is a Python function on the mode's class (torch wants a method whose __self__
+ * is the mode; dynamo inlines its Python twin's bytecode while it traces), whose own
+ * vectorcall pointer is pointed here: CPython's calls of it, from C or from Python, run
+ * torch_function with no frame. Its function version is cleared, so the interpreter never
+ * specializes a call of it into a frame push of its bytecode. */
+static PyObject *tf_vectorcall(PyObject *fn, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames) {
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "__torch_function__(self, func, types, args, kwargs)");
+        return NULL;
+    }
+    return torch_function(fn, args + 1, (size_t)(n - 1), kwnames); /* args[0]: the mode */
+}
+
+static PyObject *torch_handler(PyObject *self, PyObject *fn) {
+    /* torch_handler(fn): fn's calls run the native api-level handler from now on */
+    if (!PyFunction_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "torch_handler(fn): a Python function");
+        return NULL;
+    }
+#if PY_VERSION_HEX >= 0x030C0000
+    PyFunction_SetVectorcall((PyFunctionObject *)fn, tf_vectorcall);
+#else
+    ((PyFunctionObject *)fn)->vectorcall = tf_vectorcall;
+#if PY_VERSION_HEX >= 0x030B0000
+    ((PyFunctionObject *)fn)->func_version = 0;
+#endif
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *torch_mode(PyObject *self, PyObject *args) {
+    /* torch_mode(on, torch.compiler.__dict__ or None, torch_call): the api-level handler's
+     * switch and helpers */
+    int on;
+    PyObject *cd, *tc;
+    if (!PyArg_ParseTuple(args, "pOO", &on, &cd, &tc)) return NULL;
+    if (!empty_tuple && !(empty_tuple = PyTuple_New(0))) return NULL;
+    if (!str_compiling_flag &&
+        !(str_compiling_flag = PyUnicode_InternFromString("_is_compiling_flag")))
+        return NULL;
+    Py_XSETREF(torch_compiler_dict, cd == Py_None ? NULL : Py_NewRef(cd));
+    Py_XSETREF(py_torch_call_fn, Py_NewRef(tc));
+    g_torch_on = on;
     Py_RETURN_NONE;
 }
 
@@ -1961,6 +2230,12 @@ static PyMethodDef methods[] = {
     {"torch_call", (PyCFunction)(void (*)(void))torch_call, METH_FASTCALL,
      "torch_call(func, args, kwargs): the api level's __torch_function__"},
     {"torch_init", torch_init, METH_VARARGS, "torch's types, dtype names and helpers"},
+    {"torch_getters", torch_getters, METH_NOARGS,
+     "the tensor types whose attributes are read through their getters"},
+    {"torch_handler", torch_handler, METH_O,
+     "torch_handler(fn): calls of the Python function fn run the api-level handler"},
+    {"torch_mode", torch_mode, METH_VARARGS,
+     "torch_mode(on, compiler_dict, torch_call): switch the api-level handler"},
     {"after_fork_child", after_fork_child, METH_NOARGS, "empty buffer in a forked child"},
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
     {NULL}};

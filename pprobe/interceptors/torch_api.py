@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -113,6 +114,7 @@ _entered = threading.local()  # this thread has entered our modes
 _retired: list[Any] = []  # modes of earlier installs, kept alive (see uninstall())
 _atexit_done = False
 _C: Any = torch._C
+_native_handler: Any = None  # ApiMode.__torch_function__ of the native core (_set_handler)
 
 
 # ---------------------------------------------------------------------- naming
@@ -198,35 +200,42 @@ def _maybe_sync(fn: Any) -> Any:
     return fn
 
 
+def _py_torch_function(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    """ApiMode.__torch_function__ in Python: the Python engine, and PPROBE_SYNC. With the
+    native engine the class holds a copy of this function whose calls run the native handler
+    (torch_function in pprobe/_native.c: no Python frame of pprobe's between the program and
+    the op); dynamo, which inlines bytecode, still traces this code (see :func:`_set_handler`)."""
+    __tracebackhide__ = True  # pytest and IPython leave this frame out of tracebacks
+    if _torch_call is not None and not _sync and _on and not _is_compiling():
+        # the native core: op lookup, phase, descriptions and the row, in C
+        return _as_caller(func)(_torch_call, (func, args, kwargs), {})
+    if kwargs is None:
+        kwargs = {}
+    if _is_compiling():  # dynamo traces this: no frame of ours to hide, nothing to record
+        return func(*args, **kwargs)
+    if not recorder._active or not _on:
+        return _as_caller(func)(func, args, kwargs)
+    op = _api_ops.get(func)
+    if op is None:
+        op = _api_op(func)
+    if op is _SKIP_OP:
+        return _as_caller(func)(func, args, kwargs)
+    loc = _local
+    phase = loc.phase
+    if _task_id() != -1:  # the autograd engine runs it; else the phase hooks set
+        loc.phase = "backward"
+    try:
+        if _sync:
+            func = _maybe_sync(func)
+        return _call(op, func, args, kwargs)
+    finally:
+        loc.phase = phase
+
+
 class ApiMode(TorchFunctionMode):
     """The ``api`` level: one row per torch call the program makes."""
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        __tracebackhide__ = True  # pytest and IPython leave this frame out of tracebacks
-        if _torch_call is not None and not _sync and _on and not _is_compiling():
-            # the native core: op lookup, phase, descriptions and the row, in C
-            return _as_caller(func)(_torch_call, (func, args, kwargs), {})
-        if kwargs is None:
-            kwargs = {}
-        if _is_compiling():  # dynamo traces this: no frame of ours to hide, nothing to record
-            return func(*args, **kwargs)
-        if not recorder._active or not _on:
-            return _as_caller(func)(func, args, kwargs)
-        op = _api_ops.get(func)
-        if op is None:
-            op = _api_op(func)
-        if op is _SKIP_OP:
-            return _as_caller(func)(func, args, kwargs)
-        loc = _local
-        phase = loc.phase
-        if _task_id() != -1:  # the autograd engine runs it; else the phase hooks set
-            loc.phase = "backward"
-        try:
-            if _sync:
-                func = _maybe_sync(func)
-            return _call(op, func, args, kwargs)
-        finally:
-            loc.phase = phase
+    __torch_function__ = _py_torch_function  # the native handler replaces it: _set_handler()
 
 
 class AtenMode(TorchDispatchMode):
@@ -274,6 +283,25 @@ class AtenMode(TorchDispatchMode):
         finally:
             loc.phase = phase
             loc.module = module
+
+
+def _set_handler() -> None:
+    """The api mode's handler: the native core's while it records (no PPROBE_SYNC), else
+    the Python one. Set on the class: modes of earlier installs follow (they pass calls
+    through once ``_on`` is off)."""
+    native = core.native
+    fast = native is not None and _on and not _sync
+    if native is not None:
+        native.torch_mode(fast, torch.compiler.__dict__, native.torch_call)
+    global _native_handler
+    if fast and _native_handler is None:
+        # a copy of the Python handler (dynamo inlines its bytecode), whose calls run C
+        f = _py_torch_function
+        h = FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__)
+        h.__qualname__ = "ApiMode.__torch_function__"
+        native.torch_handler(h)  # type: ignore[union-attr]
+        _native_handler = h
+    ApiMode.__torch_function__ = _native_handler if fast else _py_torch_function  # type: ignore[method-assign]
 
 
 def _enter_modes() -> None:
@@ -365,6 +393,7 @@ def install() -> dict[str, Any]:
         core.native.torch_init(tuple(torch_values._PLAIN), dtypes, torch_values.device_name,
                                _api_op_index, _task_id)  # fmt: skip
     _on = True
+    _set_handler()
     _api_mode = ApiMode() if "api" in _levels else None
     _aten_mode = AtenMode() if "aten" in _levels else None
     # aten rows nest in api rows, and rows in module rows: their ``parent`` must be kept
@@ -396,6 +425,7 @@ def uninstall() -> None:
     threads stay on their stacks but do nothing (a thread's mode stack is its own)."""
     global _on, _orig_bootstrap, _api_mode, _aten_mode
     _on = False
+    _set_handler()
     recorder.want_parents(False)
     try:
         _leave_modes()
