@@ -452,6 +452,20 @@ def _rows(hook: str, step: int, names: list[str], numels: list[int], fl: list[fl
     return out
 
 
+def _reused(torch: Any, prev: list[Any], grads: list[Any]) -> bool:
+    """Whether ``grads`` share memory with the earlier ``prev`` (still alive: no address was
+    freed and reused in between): the same tensors, or views of the same storage."""
+    with _plain(torch, prev + grads):
+        old = {g.data_ptr() for g in prev if g.numel()}
+        return any(g.numel() and g.data_ptr() in old for g in grads)
+
+
+_WRITTEN = (
+    "a gradient was written in place after the step (its version counter moved "
+    "before its statistics were read): that step's rows are dropped"
+)
+
+
 @HookRegistry.register("GradientFlowHook")
 class GradientFlowHook(BaseHook):
     """Per parameter per step: grad norm, max |g|, mean, fraction of zeros, NaN and inf counts,
@@ -485,6 +499,15 @@ class GradientFlowHook(BaseHook):
         self.poll = 0.05
         self._free: list[tuple[Any, list[Any]]] = []  # CPU snapshot buffer sets not in use
         self._buf_bytes = 0
+        #: CPU hand-offs: "probe" (the first, a copy), then "ref" (the grad tensors
+        #: themselves) or "copy" (the loop writes its grads in place): see _handoff
+        self._mode = "probe"
+        self._prev: list[Any] | None = None  # the probe hand-off's grads
+        self._held = 0  # bytes of the grads held by reference, not yet verified
+        self._unverified: list[tuple[list[Any], list[int], list[Any], int]] = []
+        self._ready: collections.deque[list[dict[str, Any]]] = collections.deque()
+        self._last: tuple[list[Any], list[int]] | None = None  # the latest reference hand-off
+        self.dropped_steps = 0  # steps whose rows were dropped: a grad changed (_verify)
         self._jobs: collections.deque[Any] = collections.deque()
         self._job_lock = threading.Lock()
         self._stop = threading.Event()
@@ -567,9 +590,9 @@ class GradientFlowHook(BaseHook):
                 if dev.type == "cpu":
                     if not (
                         self.async_cpu
-                        and self._snapshot(torch, step, names, numels, grads, key, nbytes)
+                        and self._handoff(torch, step, names, numels, grads, key, nbytes)
                     ):
-                        self._cpu_rows(torch, step, names, numels, grads)
+                        record("gradient_flow", self._cpu_rows(torch, step, names, numels, grads))
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
                 fl, it = grad_stats(torch, grads, counts=True)
@@ -584,66 +607,142 @@ class GradientFlowHook(BaseHook):
                 self._inflight.append((step, names, numels, hosts, ev))
 
     def _cpu_rows(self, torch: Any, step: int, names: list[str], numels: list[int],
-                  grads: list[Any]) -> None:  # fmt: skip
-        """The statistics of CPU grads, computed and written now (on the calling thread)."""
+                  grads: list[Any]) -> list[dict[str, Any]]:  # fmt: skip
+        """The python.gradient_flow rows of CPU grads, computed now (on the calling thread)."""
         with torch.no_grad(), _plain(torch, grads):
             fl, it = grad_stats(torch, grads, counts=False)
             flv, itv = fl.tolist(), it.tolist()
             bad = [j for j in range(len(grads)) if not math.isfinite(flv[j])]
             counts = {j: (int(torch.isnan(grads[j]).sum()), int(torch.isinf(grads[j]).sum()))
                       for j in bad}  # fmt: skip
-        record("gradient_flow", _rows(self.name, step, names, numels, flv, itv, counts))
+        return _rows(self.name, step, names, numels, flv, itv, counts)
 
-    def _snapshot(self, torch: Any, step: int, names: list[str], numels: list[int],
-                  grads: list[Any], key: Any, nbytes: int) -> bool:  # fmt: skip
-        """Copy CPU grads into a free buffer set (one fused ``_foreach_copy_``) and leave them
-        to the ``pprobe-gradflow`` thread (it wakes every ``poll`` s: no hand-off per step).
-        False (compute them now instead) when every buffer set is in use and another would
-        pass ``max_snapshot_bytes`` in all."""
-        with self._lock:
-            bufs = next((b for b in self._free if b[0] == key), None)
-            if bufs is not None:
-                self._free.remove(bufs)
-            elif self._buf_bytes + nbytes <= self.max_snapshot_bytes:
-                self._buf_bytes += nbytes
-                bufs = (key, [torch.empty_like(g, memory_format=torch.contiguous_format)
-                              for g in grads])  # fmt: skip
-            else:
-                return False
-        torch._foreach_copy_(bufs[1], grads)
-        self._jobs.append((step, names, numels, bufs))
+    def _handoff(self, torch: Any, step: int, names: list[str], numels: list[int],
+                 grads: list[Any], key: Any, nbytes: int) -> bool:  # fmt: skip
+        """Leave CPU grads to the ``pprobe-gradflow`` thread (it wakes every ``poll`` s: no
+        hand-off per step): by reference (the grad tensors themselves and their ``_version``
+        counters, checked again once the thread has read them: :meth:`_verify`) or as a copy
+        into a free buffer set (one fused ``_foreach_copy_``). The first hand-off copies; the
+        second decides: the same tensors (or storage) again means the loop writes its grads
+        in place (``zero_grad(set_to_none=False)``, accumulation), so copies from then on;
+        fresh tensors (``zero_grad()``'s default drops them) mean references.
+        False (compute them now instead) when the references held and buffers would pass
+        ``max_snapshot_bytes`` in all: the thread has fallen behind."""
+        if self._mode == "probe" and self._prev is not None:
+            self._mode = "copy" if _reused(torch, self._prev, grads) else "ref"
+            self._prev = None
+            if self._mode == "copy":
+                self._say("the loop writes its gradients in place between steps "
+                          "(zero_grad(set_to_none=False) or accumulation)")  # fmt: skip
+        if self._mode == "ref":
+            versions = [g._version for g in grads]
+            with self._lock:
+                if self._buf_bytes + self._held + nbytes > self.max_snapshot_bytes:
+                    return False
+                self._held += nbytes
+            self._jobs.append((step, names, numels, grads, versions, nbytes))
+            self._last = (grads, versions)
+        else:
+            with self._lock:
+                bufs = next((b for b in self._free if b[0] == key), None)
+                if bufs is not None:
+                    self._free.remove(bufs)
+                elif self._buf_bytes + self._held + nbytes <= self.max_snapshot_bytes:
+                    self._buf_bytes += nbytes
+                    bufs = (key, [torch.empty_like(g, memory_format=torch.contiguous_format)
+                                  for g in grads])  # fmt: skip
+                else:
+                    return False
+            torch._foreach_copy_(bufs[1], grads)
+            self._jobs.append((step, names, numels, bufs[1], None, bufs))
+            if self._mode == "probe":
+                self._prev = grads  # compared with the next hand-off's grads
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="pprobe-gradflow",
                                             daemon=True)  # fmt: skip
             self._worker.start()
             # at exit, before the session's own handler (registered earlier, so run later)
             # writes the tables: the snapshots still waiting become rows
-            atexit.register(self._run_jobs)
+            atexit.register(self._drain, True)
         return True
+
+    def _say(self, why: str) -> None:
+        """Reference hand-offs off for good (copies from now on), said once per hook."""
+        self._mode = "copy"
+        from .. import _report
+
+        _report.warn_once(f"GradientFlowHook {self.name} copies",
+                          f"GradientFlowHook {self.name}: {why}; its gradients are copied "
+                          "for the statistics thread from now on (a copy per step).")  # fmt: skip
 
     def _work(self) -> None:
         state.local.depth = state.INTERNAL  # nothing this thread does is recorded
         while not self._stop.wait(self.poll):
             self._run_jobs()
+            self._write_ready()
 
     def _run_jobs(self) -> None:
-        """Write the statistics of every snapshot waiting (on whichever thread calls it)."""
+        """Compute the statistics of every hand-off waiting (on whichever thread calls it):
+        a copy's rows are written now, a reference's wait for :meth:`_verify`."""
         torch = _torch()
         while True:
             with self._job_lock:  # one job at a time: a waiter knows the last one is done
                 try:
-                    step, names, numels, bufs = self._jobs.popleft()
+                    step, names, numels, grads, versions, hold = self._jobs.popleft()
                 except IndexError:
                     return
                 try:
                     with state.internal():
-                        self._cpu_rows(torch, step, names, numels, bufs[1])
+                        out = self._cpu_rows(torch, step, names, numels, grads)
                 except Exception as e:  # noqa: BLE001 - the program goes on
                     from . import dispatch
 
                     dispatch._failed(self, "after_step", e)
-                with self._lock:
-                    self._free.append(bufs)
+                    out = []
+                if versions is None:
+                    record("gradient_flow", out)
+                    with self._lock:
+                        self._free.append(hold)
+                else:
+                    with self._lock:
+                        self._unverified.append((grads, versions, out, hold))
+
+    def _verify(self) -> None:
+        """On the training thread: the rows of grads read by reference are kept when no grad's
+        ``_version`` has moved since the hand-off. A write in place (which bumps it) done by
+        this thread has completed by the time it is here, so an unchanged counter means the
+        statistics thread read the values the step used. A moved one: that step's rows are
+        dropped (counted in ``dropped_steps``) and the hook copies from then on."""
+        last, self._last = self._last, None
+        torch = _torch()
+        if last is not None and self._mode == "ref":
+            # the latest hand-off, not yet read, perhaps: a write to it since (the loop
+            # scaling its grads after opt.step(), say) switches to copies before the next step
+            with _plain(torch, last[0]):
+                if any(g._version != v for g, v in zip(*last)):
+                    self._say(_WRITTEN)
+        if not self._unverified:
+            return
+        with self._lock:
+            batch, self._unverified = self._unverified, []
+            self._held -= sum(b[3] for b in batch)
+        for grads, versions, out, _ in batch:
+            with _plain(torch, grads):  # _version under a torch function mode goes through it
+                same = all(g._version == v for g, v in zip(grads, versions))
+            if same:
+                self._ready.append(out)
+            else:
+                self.dropped_steps += 1
+                if self._mode != "copy":
+                    self._say(_WRITTEN)
+
+    def _write_ready(self) -> None:
+        while True:
+            try:
+                out = self._ready.popleft()
+            except IndexError:
+                return
+            record("gradient_flow", out)
 
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
         done, self._captured = self._captured, None
@@ -655,7 +754,10 @@ class GradientFlowHook(BaseHook):
 
     def _drain(self, wait: bool) -> None:
         if wait:
-            self._run_jobs()  # the CPU snapshots not yet written
+            self._run_jobs()  # the CPU hand-offs not yet computed
+        self._verify()
+        if wait:
+            self._write_ready()
         while self._inflight:
             step, names, numels, hosts, ev = self._inflight[0]
             if ev is not None and not ev.query():
@@ -676,8 +778,8 @@ class GradientFlowHook(BaseHook):
             self._stop.set()
             w.join(timeout=10)
             self._stop = threading.Event()
-        self._run_jobs()
-        self._free, self._buf_bytes = [], 0
+        self._drain(wait=True)
+        self._free, self._buf_bytes, self._prev = [], 0, None
         if self._handle is not None:
             self._handle.remove()
             self._handle = self._hooked = None
