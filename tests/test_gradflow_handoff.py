@@ -216,3 +216,14 @@ def test_end_to_end_rows_equal_numpy_and_bit_identical(tmp_path: Path, set_to_no
         assert r["nan_count"] == 0 and r["inf_count"] == 0 and math.isfinite(r["mean"])
         assert r["mean"] == pytest.approx(float(g.astype(np.float64).mean()),
                                           abs=1e-5 * float(np.abs(g).mean()) + 1e-12)  # fmt: skip
+
+
+def test_handoff_copy_always_copies_and_bad_value_is_refused() -> None:
+    h = builtin.GradientFlowHook(handoff="copy")
+    _, seen = loop(h)
+    assert h._mode == "copy" and h._held == 0 and _report.warnings == []
+    got = rows()
+    assert sorted({r["step"] for r in got}) == list(range(6))
+    check_rows(got, seen)
+    with pytest.raises(ValueError, match="handoff must be 'auto' or 'copy'"):
+        builtin.GradientFlowHook(handoff="never")

@@ -480,18 +480,25 @@ class GradientFlowHook(BaseHook):
     copied to pinned host memory without waiting (``non_blocking``); the rows are written
     when that copy's CUDA event has completed (checked at the next ``after_step``, waited for
     at ``after_training`` / ``cleanup``). Nothing synchronises the program's stream per step.
-    On the CPU (``async_cpu``, the default) the training thread only copies the grads into a
-    snapshot buffer (one fused ``torch._foreach_copy_``; buffer sets up to
-    ``max_snapshot_bytes`` in all, default 64 MiB; when none is free the statistics are
-    computed at once) and the ``pprobe-gradflow`` thread, waking every 0.05 s, computes and
-    writes them. There the NaN and inf counts are computed only
-    for parameters whose norm is not finite (a finite norm means every element is finite).
+    On the CPU (``async_cpu``, the default) the training thread only hands the grads to the
+    ``pprobe-gradflow`` thread, which wakes every 0.05 s, computes and writes them: by
+    reference (the grad tensors themselves and their ``_version`` counters) when the loop
+    drops its grads each step (``zero_grad()``'s default ``set_to_none=True``), else as a copy
+    into a snapshot buffer (one fused ``torch._foreach_copy_``). A reference's rows are kept
+    only when no counter has moved by the time the training thread next looks (:meth:`_verify`);
+    a moved one drops that step's rows and switches the hook to copies. References held and
+    buffers are bounded by ``max_snapshot_bytes`` (default 64 MiB); past it (the thread fell
+    behind) the statistics are computed at once on the training thread. There the NaN and
+    inf counts are computed only for parameters whose norm is not finite (a finite norm
+    means every element is finite).
     """
 
     def __init__(self, name: str | None = None, frequency: int = 1, optimizer: Any = None,
                  async_cpu: bool = True, max_snapshot_bytes: int = 64 << 20,
-                 **params: Any) -> None:  # fmt: skip
+                 handoff: str = "auto", **params: Any) -> None:  # fmt: skip
         super().__init__(name, frequency, **params)
+        if handoff not in ("auto", "copy"):
+            raise ValueError(f"GradientFlowHook handoff must be 'auto' or 'copy', not {handoff!r}")
         self.optimizer = optimizer
         self.async_cpu = bool(async_cpu)
         self.max_snapshot_bytes = int(max_snapshot_bytes)
@@ -501,7 +508,7 @@ class GradientFlowHook(BaseHook):
         self._buf_bytes = 0
         #: CPU hand-offs: "probe" (the first, a copy), then "ref" (the grad tensors
         #: themselves) or "copy" (the loop writes its grads in place): see _handoff
-        self._mode = "probe"
+        self._mode = "copy" if handoff == "copy" else "probe"
         self._prev: list[Any] | None = None  # the probe hand-off's grads
         self._held = 0  # bytes of the grads held by reference, not yet verified
         self._unverified: list[tuple[list[Any], list[int], list[Any], int]] = []
@@ -567,8 +574,10 @@ class GradientFlowHook(BaseHook):
         if torch is None or not params:
             return
         # Every tensor attribute read (.grad, .device, .numel()) under a torch function mode
-        # goes through the mode (pprobe's interceptor: several us each): all of them inside
-        with torch.no_grad(), _plain(torch, params):
+        # goes through the mode (pprobe's interceptor: several us each): all of them inside.
+        # So does torch.no_grad() (its _set_grad_enabled calls): entered inside too, and only
+        # where kernels run (reading .grad and ._version needs none)
+        with _plain(torch, params):
             grads_all = [p.grad for p in params]
             # the layout (devices, names, sizes) is worked out once per parameter list
             sig = tuple(id(p) if g is not None else 0 for p, g in zip(params, grads_all))
@@ -595,12 +604,13 @@ class GradientFlowHook(BaseHook):
                         record("gradient_flow", self._cpu_rows(torch, step, names, numels, grads))
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
-                fl, it = grad_stats(torch, grads, counts=True)
                 hosts = []
-                for t in (fl, it):
-                    h = torch.empty(t.shape, dtype=t.dtype, pin_memory=dev.type == "cuda")
-                    h.copy_(t, non_blocking=True)
-                    hosts.append(h)
+                with torch.no_grad():
+                    fl, it = grad_stats(torch, grads, counts=True)
+                    for t in (fl, it):
+                        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=dev.type == "cuda")
+                        h.copy_(t, non_blocking=True)
+                        hosts.append(h)
                 ev = torch.cuda.Event() if dev.type == "cuda" else None
                 if ev is not None:
                     ev.record()
@@ -609,7 +619,7 @@ class GradientFlowHook(BaseHook):
     def _cpu_rows(self, torch: Any, step: int, names: list[str], numels: list[int],
                   grads: list[Any]) -> list[dict[str, Any]]:  # fmt: skip
         """The python.gradient_flow rows of CPU grads, computed now (on the calling thread)."""
-        with torch.no_grad(), _plain(torch, grads):
+        with _plain(torch, grads), torch.no_grad():
             fl, it = grad_stats(torch, grads, counts=False)
             flv, itv = fl.tolist(), it.tolist()
             bad = [j for j in range(len(grads)) if not math.isfinite(flv[j])]
@@ -653,7 +663,8 @@ class GradientFlowHook(BaseHook):
                                   for g in grads])  # fmt: skip
                 else:
                     return False
-            torch._foreach_copy_(bufs[1], grads)
+            with torch.no_grad():
+                torch._foreach_copy_(bufs[1], grads)
             self._jobs.append((step, names, numels, bufs[1], None, bufs))
             if self._mode == "probe":
                 self._prev = grads  # compared with the next hand-off's grads
