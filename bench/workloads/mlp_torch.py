@@ -65,6 +65,7 @@ if _HOOKS:
         "time_sys": lambda: [_bi.TimeTrackingHook(frequency=10),
                              _bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
+        "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, handoff="copy")],
         "noop": lambda: [_ph.BaseHook()],  # the hook machinery alone
     }[_HOOKS]()  # fmt: skip
     for _h in _made:
