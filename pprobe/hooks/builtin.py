@@ -560,6 +560,7 @@ class GradientFlowHook(BaseHook):
         if step is None:
             return
         with state.internal():
+            self._verify()  # also here: a loop that never emits after_step still verifies
             self._compute(step, [p for g in opt.param_groups for p in g["params"]])
             self._captured = step
 
