@@ -21,6 +21,12 @@ process exit                     ``cleanup`` (once)
 ==============================  ===========================================================
 
 ``metrics`` is ``trainer.callback_metrics`` as floats (built only when a hook is live).
+
+``self.log`` values: at ``on_train_batch_end``, ``on_train_epoch_end`` and
+``on_validation_end`` (not during the sanity check) the numbers of the public
+``trainer.callback_metrics`` that are new or changed since the last look are written to
+``python.metrics`` (name, value) with ``step`` = ``trainer.global_step`` at that moment, each
+value once (:class:`MetricsSeen`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from . import (
     guarded,
     hooks_live,
     numbers,
+    record_metrics,
     register_services,
     set_step,
 )
@@ -107,6 +114,32 @@ def _metrics(trainer: Any) -> dict[str, float] | None:
     return numbers(getattr(trainer, "callback_metrics", None)) if hooks_live() else None
 
 
+class MetricsSeen:
+    """The ``self.log`` values already written: :meth:`new` keeps those that are new or
+    changed (compared bit for bit, NaN included) since the last call."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def new(self, values: dict[str, float]) -> dict[str, float]:
+        out = {}
+        for k, v in values.items():
+            old = self.last.get(k)
+            if old is None or not (old == v or (old != old and v != v)):
+                out[k] = self.last[k] = v
+        return out
+
+
+def _record_logged(trainer: Any, seen: MetricsSeen) -> None:
+    """The new or changed numbers of ``trainer.callback_metrics`` into python.metrics at
+    ``trainer.global_step`` (the sanity check's validation values are not training's)."""
+    if getattr(trainer, "sanity_checking", False):
+        return
+    values = seen.new(numbers(getattr(trainer, "callback_metrics", None)))
+    if values:
+        record_metrics(values, int(trainer.global_step))
+
+
 def make_callback(base: type) -> type:
     """The Callback class for one framework module (its ``Callback`` is ``base``)."""
 
@@ -117,6 +150,7 @@ def make_callback(base: type) -> type:
             super().__init__()
             self._step = 0
             self._training = False
+            self._logged = MetricsSeen()
 
         @property
         def state_key(self) -> str:
@@ -157,12 +191,18 @@ def make_callback(base: type) -> type:
         def on_train_batch_end(
             self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
+            _record_logged(trainer, self._logged)
             emit("after_step", SOURCE, step=self._step, model=pl_module,
                  metrics=_metrics(trainer))  # fmt: skip
             set_step(trainer.global_step)
 
+        @guarded("the Lightning integration (on_validation_end)")
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            _record_logged(trainer, self._logged)
+
         @guarded("the Lightning integration (on_train_epoch_end)")
         def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+            _record_logged(trainer, self._logged)
             emit("after_epoch", SOURCE, epoch=trainer.current_epoch, model=pl_module,
                  metrics=_metrics(trainer))  # fmt: skip
 
