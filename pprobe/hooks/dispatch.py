@@ -127,41 +127,67 @@ def _accepted(hook: Any, point: str) -> frozenset[str] | None:
     return _params[key]
 
 
+#: The points, as a set (the check at each emit), and the step/epoch points: point -> the
+#: context key that holds their count (what ``should_trigger`` is given).
+_POINT_SET = frozenset(POINTS)
+_COUNTED = {"before_step": "step", "after_step": "step", "before_epoch": "epoch",
+            "after_epoch": "epoch"}  # fmt: skip
+_base_trigger = BaseHook.should_trigger
+_plain: dict[type, bool] = {}
+
+
+def _plain_trigger(hook: Any) -> bool:
+    """Whether ``hook.should_trigger`` is BaseHook's (neither its class nor the instance
+    overrides it): emit then computes it inline."""
+    cls = type(hook)
+    plain = _plain.get(cls)
+    if plain is None:
+        plain = _plain[cls] = getattr(cls, "should_trigger", None) is _base_trigger
+    return plain and "should_trigger" not in getattr(hook, "__dict__", ())
+
+
 def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     """Call ``point`` on every live hook that wants it, with the context it accepts.
 
     ``source``: who emits (None for zero-code detection); ignored when another source has
     claimed the boundaries. ``ctx``: step, epoch, model, metrics, ... (each hook gets the
     names its method takes).
+
+    A step a hook does not fire at costs one ``step % frequency`` per hook (BaseHook's own
+    ``should_trigger``, inlined); no context is filtered and nothing is allocated for it.
     """
-    if point not in POINTS:
+    if point not in _POINT_SET:
         raise ValueError(f"unknown hook point {point!r}; allowed: {', '.join(POINTS)}")
     global _training, _cleaned
     if _claimed is not None and source != _claimed:
         return
-    if point == "before_training":
-        _training = True
-    elif point == "after_training":
-        _training = False
-    elif point == "cleanup":  # once per process, whoever emits it (an integration, exit)
-        if _cleaned:
-            return
-        _cleaned = True
+    key = _COUNTED.get(point)
+    if key is None:
+        if point == "before_training":
+            _training = True
+        elif point == "after_training":
+            _training = False
+        elif point == "cleanup":  # once per process, whoever emits it (an integration, exit)
+            if _cleaned:
+                return
+            _cleaned = True
     if not _hooks:
         return
+    at = None if key is None else ctx.get(key)
     local = state.local
-    for hook in list(_hooks):
+    for hook in tuple(_hooks):
         if getattr(hook, "off", False) or not _wants(hook, point):
             continue
-        if point in STEP_POINTS or point in EPOCH_POINTS:
-            at = ctx.get("step" if point in STEP_POINTS else "epoch")
-            if at is not None:
-                try:
-                    if not hook.should_trigger(at):
+        if at is not None:
+            try:
+                if _plain_trigger(hook):
+                    if at % hook.frequency:  # BaseHook.should_trigger, without the call
                         continue
-                except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
-                    _failed(hook, "should_trigger", exc)
+                elif not hook.should_trigger(at):
                     continue
+            except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
+                _failed(hook, "should_trigger", exc)
+                continue
         names = _accepted(hook, point)
         kw = ctx if names is None else {k: v for k, v in ctx.items() if k in names}
         saved = local.depth
@@ -218,5 +244,6 @@ def _reset() -> None:
     _lazy.clear()
     _params.clear()
     _overrides.clear()
+    _plain.clear()
     _claimed = None
     _training = _cleaned = False

@@ -177,6 +177,14 @@ def _ctx() -> dict[str, Any]:
     return {"model": dispatch.get_service("model")}
 
 
+def _heard() -> bool:
+    """Whether a point this module emits reaches a hook: some hook is live and no framework
+    integration (or a program's ``claim``) has taken the points. When not, the points'
+    context (model, metrics) is not built and :func:`dispatch.emit` is not called: the
+    step path then costs only this module's bookkeeping."""
+    return dispatch._claimed is None and bool(dispatch._hooks)
+
+
 def _start() -> None:
     global started
     if started:
@@ -190,7 +198,8 @@ def _open_step(n: int) -> None:
     open_step, pending = n, None
     steps_in_epoch += 1
     dispatch.register_service("step", n)
-    dispatch.emit("before_step", step=n, **_ctx())
+    if _heard():
+        dispatch.emit("before_step", step=n, **_ctx())
 
 
 def _close_step() -> None:
@@ -198,7 +207,8 @@ def _close_step() -> None:
     if open_step is None:
         return
     n, open_step = open_step, None
-    dispatch.emit("after_step", step=n, metrics=_step_metrics(), **_ctx())
+    if _heard():
+        dispatch.emit("after_step", step=n, metrics=_step_metrics(), **_ctx())
 
 
 def _step_metrics() -> dict[str, Any]:
