@@ -1,77 +1,83 @@
-"""The built-in hooks' cost on the torch MLP (docs/hooks-builtin.md): log mode without hooks,
-with TimeTracking + SystemMonitor at frequency 10, and with GradientFlow at frequency 1.
+"""The built-in hooks' cost on the torch MLP (docs/hooks-builtin.md): TimeTracking +
+SystemMonitor at frequency 10, GradientFlow at frequency 1, and a no-op hook (the machinery).
 
-python -m bench.hooks_cost [--rounds 9] [--steps 200]
+python -m bench.hooks_cost [--children 4] [--pairs 30] [--block 100]
 
-The three variants run the native engine in fresh children, interleaved round by round (drift
-cancels within a round). The figure is the median over rounds of each variant's ratio to the
-probe without hooks in the same round, on the main thread's CPU time of the timed loop
-(``time.thread_time``: the machine is shared, and the hooks' own threads, the sampler and
-the table writer, are reported apart as the process CPU), with a bootstrap 95 % interval.
-The hook variants emit ``before_step`` / ``after_step`` around every step, as zero-code
-emission does (they ``claim`` the points, so zero-code detection stands aside, but its
-machinery, installed with the first hook, runs). A fourth variant, a no-op ``BaseHook``,
-measures that machinery and the emit calls alone; each hook variant is also given against it.
+Method: measured inside each child, not between children. A child (native engine, log mode,
+one torch thread) installs the variant's hooks, then runs ``pairs`` pairs of blocks of
+``block`` SGD steps: one block with the hook machinery in place (the hooks live, the bench's
+``before_step`` / ``after_step`` emits around every step as zero-code emission makes them,
+zero-code detection's step listeners and its optimizer pre-hook) and one with all of it taken
+away, in alternating order (off-on, on-off, ...). Each block is timed on the main thread's CPU
+clock (``time.thread_time``). The figure is the median over every pair of ``on / off - 1``,
+with a bootstrap 95 % interval over the pairs of all ``children`` children (run one variant
+after the other, rotating the order per child round).
+
+Why: between fresh children the same program's CPU time varies by several % on a shared
+machine (placement, cache, other processes), so the former child-against-child ratios gave
+intervals of +-6 % or more; adjacent blocks of one process share that state, and the
+alternation cancels drift. SystemMonitor's sampler thread keeps running in the "off" blocks
+too (stopping and restarting it per block would time its start-up): its own CPU, on its own
+thread, is reported apart (``sampler`` CPU per second of the alternation).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from .harness import Variant, interleave, median, paired_ci
+from .harness import Variant, median, paired_ci, run_child
 
 TARGETS = {"time_sys": 0.02, "gradflow": 0.10}
+NAMES = {"noop": "no-op hook (the machinery)", "time_sys": "TimeTracking+SystemMonitor f=10",
+         "gradflow": "GradientFlow f=1"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.hooks_cost",
                                 description=(__doc__ or "").split("\n")[0])  # fmt: skip
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--children", type=int, default=4, help="children per variant")
+    p.add_argument("--pairs", type=int, default=30, help="on/off block pairs per child")
+    p.add_argument("--block", type=int, default=100, help="SGD steps per block")
+    p.add_argument("--only", default="noop,time_sys,gradflow", help="variants, comma-separated")
     a = p.parse_args(argv)
-    env = {"PPROBE_MODE": "log"}
-    base = Variant("log (native)", probe=True, env=dict(env), needs_torch=True, engine="native")
-    noop = Variant("log + noop hook (native)", probe=True, env=dict(env), args={"hooks": "noop"},
-                   needs_torch=True, engine="native")  # fmt: skip
-    variants = {
-        k: Variant(
-            f"log + {k} (native)",
-            probe=True,
-            env=dict(env),
-            args={"hooks": k},
-            needs_torch=True,
-            engine="native",
-        )  # fmt: skip
-        for k in TARGETS
-    }
-    runs = interleave("mlp_torch", [base, noop, *variants.values()], a.rounds,
-                      {"clock": "cpu", "torch_threads": 1, "steps": a.steps})  # fmt: skip
-    for vr in runs.values():
-        if vr.status != "ok":
-            print(f"{vr.variant.name}: {vr.status}: {vr.runs[0].error}")
-            return 1
+    import os
+    import tempfile
 
-    def col(v: Variant, key: str) -> list[float]:
-        return [float(o.data[key]) for o in runs[v.name].runs]
-
-    print(f"torch MLP, {a.steps} SGD steps, log mode, native engine, {a.rounds} rounds:")
-    b_main, b_proc = col(base, "loop_thread_s"), col(base, "loop_s")
-    n_main = col(noop, "loop_thread_s")
-    print(f"  {'no hooks':<34} main thread {median(b_main):.3f} s, process {median(b_proc):.3f} s")
-    noop_r = [x / y - 1 for x, y in zip(n_main, b_main)]
-    lo, hi = paired_ci(noop_r, [0.0] * len(noop_r))
-    print(f"  {'no-op hook (the machinery)':<34} main thread {median(noop_r) * 100:+.2f} % "
-          f"(95 % interval {lo * 100:+.2f} to {hi * 100:+.2f} %)")  # fmt: skip
-    for k, v in variants.items():
-        main_r = [x / y - 1 for x, y in zip(col(v, "loop_thread_s"), b_main)]
-        proc_r = [x / y - 1 for x, y in zip(col(v, "loop_s"), b_proc)]
-        lo, hi = paired_ci(main_r, [0.0] * len(main_r))
-        name = {"time_sys": "TimeTracking+SystemMonitor f=10", "gradflow": "GradientFlow f=1"}[k]
-        print(f"  {name:<34} main thread {median(main_r) * 100:+.2f} % (95 % interval "
-              f"{lo * 100:+.2f} to {hi * 100:+.2f} %), target <= +{TARGETS[k] * 100:.0f} %; "
-              f"process CPU {median(proc_r) * 100:+.2f} %")  # fmt: skip
-        over = [x / y - 1 for x, y in zip(col(v, "loop_thread_s"), n_main)]
-        print(f"  {'':<34} over the no-op hook: main thread {median(over) * 100:+.2f} %")
+    kinds = [k for k in a.only.split(",") if k]
+    args = {"clock": "cpu", "torch_threads": 1, "warmup": 20, "block": a.block, "pairs": a.pairs}
+    ratios: dict[str, list[float]] = {k: [] for k in kinds}
+    off_block: dict[str, list[float]] = {k: [] for k in kinds}
+    sampler: dict[str, list[float]] = {k: [] for k in kinds}
+    loads = [os.getloadavg()[0]]
+    for c in range(a.children):
+        for k in kinds[c % len(kinds) :] + kinds[: c % len(kinds)]:
+            v = Variant(f"log + {k} (native)", probe=True, env={"PPROBE_MODE": "log"},
+                        args={"hooks_ab": k}, needs_torch=True, engine="native")  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="pprobe-bench-") as out_dir:
+                o = run_child("mlp_torch", args, v, out_dir)
+            if o.status != "ok":
+                print(f"{v.name}: {o.status}: {o.error}")
+                return 1
+            d = o.data
+            ratios[k] += [x / y - 1 for x, y in zip(d["ab_on_s"], d["ab_off_s"])]
+            off_block[k] += d["ab_off_s"]
+            if d.get("sampler_cpu_s") is not None and d.get("ab_wall_s"):
+                sampler[k].append(d["sampler_cpu_s"] / d["ab_wall_s"])
+            loads.append(os.getloadavg()[0])
+    print(f"torch MLP, SGD steps on one torch thread, log mode, native engine: {a.children} "
+          f"children x {a.pairs} pairs of {a.block}-step blocks, hooks on / off in one child; "
+          f"load average {min(loads):.2f}..{max(loads):.2f} (1 min)")  # fmt: skip
+    for k in kinds:
+        r = ratios[k]
+        lo, hi = paired_ci(r, [0.0] * len(r))
+        line = (f"  {NAMES.get(k, k):<34} main thread {median(r) * 100:+.2f} % (95 % interval "
+                f"{lo * 100:+.2f} to {hi * 100:+.2f} %, {len(r)} pairs; "
+                f"off: {median(off_block[k]) / a.block * 1e3:.3f} ms/step)")  # fmt: skip
+        if k in TARGETS:
+            line += f", target <= +{TARGETS[k] * 100:.0f} %"
+        if sampler[k]:
+            line += f"; sampler thread {median(sampler[k]) * 100:.2f} % of a core"
+        print(line)
     return 0
 
 

@@ -57,6 +57,11 @@ if ARGS.get("ext"):  # the extension API's cost: a table and a metric sampled ev
 
 
 _HOOKS = ARGS.get("hooks")  # the built-in hooks' cost (bench/hooks_cost.py)
+#: hooks_ab: the same, measured in this one child by alternating blocks of steps with the
+#: hooks live and with no hook machinery at all (see hooks_ab below)
+_AB = ARGS.get("hooks_ab")
+_HOOKS = _HOOKS or _AB
+_live = bool(_HOOKS)  # whether step() emits the points (off in the "off" blocks of hooks_ab)
 if _HOOKS:
     from pprobe import hooks as _ph
     from pprobe.hooks import builtin as _bi
@@ -66,10 +71,16 @@ if _HOOKS:
                              _bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
         "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, handoff="copy")],
-        "noop": lambda: [_ph.BaseHook()],  # the hook machinery alone
+        "time": lambda: [_bi.TimeTrackingHook(frequency=10)],  # diagnosis: one of the two
+        "sys": lambda: [_bi.SystemMonitorHook(frequency=10, interval=1.0)],
+        "noop": lambda: [_ph.BaseHook()],  # the hook machinery and the emits
+        "machinery": lambda: [],  # zero-code detection alone, no hook, no emit reaches one
     }[_HOOKS]()  # fmt: skip
     for _h in _made:
         _ph.add(_h)
+    from pprobe.hooks import lifecycle as _lc
+
+    _lc.activate()  # what the first add() does (idempotent)
     _ph.register_service("optimizer", opt)
     _ph.claim("bench")  # the points come from step() below, not zero-code detection
     _ph.emit("before_training", source="bench", model=model)
@@ -77,13 +88,13 @@ if _HOOKS:
 
 def step(i: int) -> float:
     xb, yb = data[i % len(data)]
-    if _HOOKS:  # what zero-code emission does at each step
+    if _live:  # what zero-code emission does at each step
         _ph.emit("before_step", source="bench", step=i, model=model)
     opt.zero_grad()
     loss = F.cross_entropy(model(xb), yb)
     loss.backward()
     opt.step()
-    if _HOOKS:
+    if _live:
         _ph.emit("after_step", source="bench", step=i, model=model)
     return loss
 
@@ -174,6 +185,69 @@ def alternate(out: dict[str, Any]) -> None:
     out["loop_s"] = sum(b[1] for v in blocks.values() for b in v)
 
 
+def _hooks_on(on: bool) -> None:
+    """Put the hook machinery in place (``on``) or take all of it away: the live hooks, the
+    bench's own emits, zero-code detection's step listeners and its global optimizer
+    pre-hook (what the first ``pprobe.hooks.add`` installs). SystemMonitor's sampler thread
+    keeps running in both states (its CPU is its own thread's, reported apart)."""
+    global _live
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from pprobe import recorder
+    from pprobe.hooks import dispatch, lifecycle
+
+    _live = on
+    for fn, lst in ((lifecycle._on_step_ending, recorder.step_ending_listeners),
+                    (lifecycle._on_step_change, recorder.step_listeners)):  # fmt: skip
+        if on and fn not in lst:
+            lst.append(fn)
+        elif not on and fn in lst:
+            lst.remove(fn)
+    if on:
+        dispatch._hooks[:] = _made
+        if not lifecycle._handles:
+            lifecycle._handles.append(register_optimizer_step_pre_hook(lifecycle._on_optimizer_pre))
+    else:
+        dispatch._hooks.clear()
+        while lifecycle._handles:
+            lifecycle._handles.pop().remove()
+
+
+def run_ab(out: dict[str, Any]) -> None:
+    """hooks_ab: ``pairs`` pairs of blocks of ``block`` steps, hooks off then on or on then
+    off (alternating, so that neither state always comes first), each block timed on the
+    main thread's CPU clock. Per pair, on / off - 1 is the hooks' relative cost."""
+    block, pairs = int(ARGS.get("block", 100)), int(ARGS.get("pairs", 20))
+    off_s: list[float] = []
+    on_s: list[float] = []
+    i = 0
+    sampler = None
+    for h in _made:
+        sampler = getattr(h, "sampler", None) or sampler
+    c0, w0 = _thread_cpu(sampler), time.perf_counter()
+    for p in range(pairs):
+        for state_on in (False, True) if p % 2 == 0 else (True, False):
+            _hooks_on(state_on)
+            t0 = time.thread_time()
+            for _ in range(block):
+                step(i)
+                i += 1
+            (on_s if state_on else off_s).append(time.thread_time() - t0)
+    _hooks_on(True)
+    out["ab_off_s"], out["ab_on_s"], out["ab_block"] = off_s, on_s, block
+    out["ab_wall_s"] = time.perf_counter() - w0
+    if sampler is not None:  # the sampler thread's own CPU over the whole alternation
+        out["sampler_cpu_s"] = _thread_cpu(sampler) - c0
+        out["sampler_samples"] = sampler.samples
+    out["ab_loop_s"] = sum(off_s) + sum(on_s)
+
+
+def _thread_cpu(sampler: Any) -> float:
+    if sampler is None or sampler.thread.ident is None:
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(sampler.thread.ident))
+
+
 def main() -> None:
     if not ARGS.get("msprobe"):  # msprobe's warm-up runs under it (run_msprobe)
         for i in range(warmup):
@@ -207,6 +281,8 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
     elif ARGS.get("ext") == "alternate":
         alternate(out)
+    elif _AB:
+        run_ab(out)
     else:
         t0 = time.thread_time()
         with Span() as loop:
