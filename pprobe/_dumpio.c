@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DUMPIO_API 1
+#define DUMPIO_API 2
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -500,7 +500,7 @@ typedef struct {
     int64_t nan, inf;
 } Acc;
 
-static inline void acc_block(Acc *acc, const double *x, size_t k) {
+static __attribute__((noinline)) void acc_block(Acc *acc, const double *x, size_t k) {
     /* x: k finite values; two passes while they are in cache, then Chan's combination */
     if (!k) return;
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -547,80 +547,261 @@ static inline void acc_block(Acc *acc, const double *x, size_t k) {
 }
 
 #define BLOCK 2048
-#define STATS_LOOP(T, FLOAT)                                                      \
-    do {                                                                          \
-        const T *src = (const T *)buf;                                            \
-        double blk[BLOCK];                                                        \
-        size_t k = 0;                                                             \
-        for (size_t i = 0; i < count; i++) {                                      \
-            double v = (double)src[i];                                            \
-            if (FLOAT && !isfinite(v)) {                                          \
-                if (isnan(v))                                                     \
-                    acc.nan++;                                                    \
-                else                                                              \
-                    acc.inf++;                                                    \
-                continue;                                                         \
-            }                                                                     \
-            blk[k++] = v;                                                         \
-            if (k == BLOCK) {                                                     \
-                acc_block(&acc, blk, k);                                          \
-                k = 0;                                                            \
-            }                                                                     \
-        }                                                                         \
-        acc_block(&acc, blk, k);                                                  \
-    } while (0)
 
-/* stats(array) -> (min, max, mean, std, nan, inf), or None: not a contiguous array of a type
- * handled here (the caller's Python path takes it) */
+/* Element types, by the codes Python passes (pprobe/stats.py's _CODES keep the same numbers) */
+enum { T_BOOL, T_I8, T_U8, T_I16, T_U16, T_I32, T_U32, T_I64, T_U64, T_F16, T_BF16, T_F32,
+       T_F64, T_NTYPES };
+static const int t_size[T_NTYPES] = {1, 1, 1, 2, 2, 4, 4, 8, 8, 2, 2, 4, 8};
+
+static inline double half_to_double(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15), e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    double v;
+    if (e == 0)
+        v = ldexp((double)m, -24); /* zero, subnormal */
+    else if (e == 31)
+        v = m ? NAN : INFINITY;
+    else
+        v = ldexp((double)(m | 0x400), (int)e - 25);
+    return sign ? -v : v;
+}
+
+static inline double bf16_to_double(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return (double)f;
+}
+
+/* one value of type t at p, as a double */
+#define LOAD(TYPE, p) (*(const TYPE *)(p))
+static inline double load(int t, const char *p) {
+    switch (t) {
+    case T_BOOL: return LOAD(uint8_t, p) != 0;
+    case T_I8: return LOAD(int8_t, p);
+    case T_U8: return LOAD(uint8_t, p);
+    case T_I16: return LOAD(int16_t, p);
+    case T_U16: return LOAD(uint16_t, p);
+    case T_I32: return LOAD(int32_t, p);
+    case T_U32: return LOAD(uint32_t, p);
+    case T_I64: return (double)LOAD(int64_t, p);
+    case T_U64: return (double)LOAD(uint64_t, p);
+    case T_F16: return half_to_double(LOAD(uint16_t, p));
+    case T_BF16: return bf16_to_double(LOAD(uint16_t, p));
+    case T_F32: return LOAD(float, p);
+    default: return LOAD(double, p);
+    }
+}
+
+/* k values of one row: n elements from p, step bytes apart, into the block (flushed by blocks
+ * of BLOCK finite values: the memory used is the block, whatever the array's size) */
+#define ROW_LOOP(T, CONV, FLOAT)                                                  \
+    for (Py_ssize_t i = 0; i < n; i++, p += step) {                               \
+        double v = CONV(*(const T *)p);                                           \
+        if (FLOAT && !isfinite(v)) {                                              \
+            if (isnan(v))                                                         \
+                acc->nan++;                                                       \
+            else                                                                  \
+                acc->inf++;                                                       \
+            continue;                                                             \
+        }                                                                         \
+        blk[(*k)++] = v;                                                          \
+        if (*k == BLOCK) {                                                        \
+            acc_block(acc, blk, *k);                                              \
+            *k = 0;                                                               \
+        }                                                                         \
+    }
+
+#define AS_DOUBLE(x) ((double)(x))
+#define AS_BOOL(x) ((double)((x) != 0))
+static void stats_row(Acc *acc, double *blk, size_t *k, int t, const char *p, Py_ssize_t n,
+                      Py_ssize_t step) {
+    switch (t) {
+    case T_BOOL: ROW_LOOP(uint8_t, AS_BOOL, 0) break;
+    case T_I8: ROW_LOOP(int8_t, AS_DOUBLE, 0) break;
+    case T_U8: ROW_LOOP(uint8_t, AS_DOUBLE, 0) break;
+    case T_I16: ROW_LOOP(int16_t, AS_DOUBLE, 0) break;
+    case T_U16: ROW_LOOP(uint16_t, AS_DOUBLE, 0) break;
+    case T_I32: ROW_LOOP(int32_t, AS_DOUBLE, 0) break;
+    case T_U32: ROW_LOOP(uint32_t, AS_DOUBLE, 0) break;
+    case T_I64: ROW_LOOP(int64_t, AS_DOUBLE, 0) break;
+    case T_U64: ROW_LOOP(uint64_t, AS_DOUBLE, 0) break;
+    case T_F16: ROW_LOOP(uint16_t, half_to_double, 1) break;
+    case T_BF16: ROW_LOOP(uint16_t, bf16_to_double, 1) break;
+    case T_F32: ROW_LOOP(float, AS_DOUBLE, 1) break;
+    case T_F64: ROW_LOOP(double, AS_DOUBLE, 1) break;
+    }
+}
+
+/* Statistics of an n-d strided array (strides in bytes, any sign): the innermost dimension
+ * is read row by row, the others walked with an odometer; no copy of the array is made. */
+static void stats_strided(Acc *acc, int t, const char *base, int ndim, const Py_ssize_t *shape,
+                          const Py_ssize_t *strides) {
+    double blk[BLOCK];
+    size_t k = 0;
+    Py_ssize_t idx[64];
+    int nd = 0;
+    Py_ssize_t sh[64], st[64];
+    /* drop dimensions of size 1; merge dimensions that are contiguous with each other */
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] == 0) return;
+        if (shape[i] == 1) continue;
+        if (nd && st[nd - 1] == strides[i] * shape[i]) {
+            sh[nd - 1] *= shape[i];
+            st[nd - 1] = strides[i];
+            continue;
+        }
+        sh[nd] = shape[i];
+        st[nd] = strides[i];
+        nd++;
+    }
+    if (nd == 0) {
+        sh[0] = 1;
+        st[0] = t_size[t];
+        nd = 1;
+    }
+    Py_ssize_t n = sh[nd - 1], step = st[nd - 1];
+    for (int i = 0; i < nd - 1; i++) idx[i] = 0;
+    for (;;) {
+        const char *p = base;
+        for (int i = 0; i < nd - 1; i++) p += idx[i] * st[i];
+        stats_row(acc, blk, &k, t, p, n, step);
+        int d = nd - 2;
+        while (d >= 0 && ++idx[d] == sh[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    acc_block(acc, blk, k);
+}
+
+static PyObject *acc_result(const Acc *acc) {
+    if (acc->n == 0)
+        return Py_BuildValue("(OOOOLL)", Py_None, Py_None, Py_None, Py_None,
+                             (long long)acc->nan, (long long)acc->inf);
+    return Py_BuildValue("(ddddLL)", acc->mn, acc->mx, acc->mean, sqrt(acc->m2 / acc->n),
+                         (long long)acc->nan, (long long)acc->inf);
+}
+
+static void run_acc(Acc *acc, int t, const char *buf, int ndim, const Py_ssize_t *shape,
+                    const Py_ssize_t *strides) {
+    size_t count = 1;
+    for (int i = 0; i < ndim; i++) count *= (size_t)shape[i];
+    PyThreadState *ts = count > 65536 ? PyEval_SaveThread() : NULL;
+    stats_strided(acc, t, buf, ndim, shape, strides);
+    if (ts) PyEval_RestoreThread(ts);
+}
+
+static PyObject *run_stats(int t, const char *buf, int ndim, const Py_ssize_t *shape,
+                           const Py_ssize_t *strides) {
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    run_acc(&acc, t, buf, ndim, shape, strides);
+    return acc_result(&acc);
+}
+
+/* the element type of a buffer (PEP 3118 format, native or little-endian), or -1 */
+static int buffer_type(const Py_buffer *v) {
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    int t = -1;
+    if (!f[0] || f[1] || v->ndim > 64) return -1;
+    switch (f[0]) {
+    case '?': t = T_BOOL; break;
+    case 'b': t = T_I8; break;
+    case 'B': t = T_U8; break;
+    case 'h': t = T_I16; break;
+    case 'H': t = T_U16; break;
+    case 'i': t = T_I32; break;
+    case 'I': t = T_U32; break;
+    case 'l': case 'q': t = T_I64; break;
+    case 'L': case 'Q': t = T_U64; break;
+    case 'e': t = T_F16; break;
+    case 'f': t = T_F32; break;
+    case 'd': t = T_F64; break;
+    }
+    if (t >= 0 && v->itemsize != t_size[t]) return -1;
+    if (t >= 0 && v->ndim > 0 && (!v->shape || !v->strides)) return -1;
+    return t;
+}
+
+/* stats(array) -> (min, max, mean, std, nan, inf), or None: not an array of a type handled
+ * here (the caller's Python path takes it). Any strides: no copy is made. */
 static PyObject *py_stats(PyObject *self, PyObject *obj) {
     Py_buffer v;
-    if (PyObject_GetBuffer(obj, &v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+    if (PyObject_GetBuffer(obj, &v, PyBUF_RECORDS_RO) < 0) {
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    const char *f = v.format ? v.format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    char c = f[0];
-    int ok = f[1] == 0 && PyBuffer_IsContiguous(&v, 'A') && v.itemsize > 0;
-    if (ok) {
-        switch (c) {
-        case 'f': ok = v.itemsize == 4; break;
-        case 'd': ok = v.itemsize == 8; break;
-        case 'b': case 'B': case '?': ok = v.itemsize == 1; break;
-        case 'h': case 'H': ok = v.itemsize == 2; break;
-        case 'i': case 'I': ok = v.itemsize == 4; break;
-        case 'l': case 'L': case 'q': case 'Q': ok = v.itemsize == 8; break;
-        default: ok = 0;
-        }
-    }
-    if (!ok) {
+    int t = buffer_type(&v);
+    if (t < 0) {
         PyBuffer_Release(&v);
         Py_RETURN_NONE;
     }
-    size_t count = (size_t)(v.len / v.itemsize);
-    const void *buf = v.buf;
-    Acc acc = {0, 0, 0, 0, 0, 0, 0};
-    int release = count > 65536;
-    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
-    switch (c) {
-    case 'f': STATS_LOOP(float, 1); break;
-    case 'd': STATS_LOOP(double, 1); break;
-    case 'b': STATS_LOOP(int8_t, 0); break;
-    case 'B': case '?': STATS_LOOP(uint8_t, 0); break;
-    case 'h': STATS_LOOP(int16_t, 0); break;
-    case 'H': STATS_LOOP(uint16_t, 0); break;
-    case 'i': STATS_LOOP(int32_t, 0); break;
-    case 'I': STATS_LOOP(uint32_t, 0); break;
-    case 'l': case 'q': STATS_LOOP(int64_t, 0); break;
-    case 'L': case 'Q': STATS_LOOP(uint64_t, 0); break;
-    }
-    if (ts) PyEval_RestoreThread(ts);
+    PyObject *r = run_stats(t, (const char *)v.buf, v.ndim, v.shape, v.strides);
     PyBuffer_Release(&v);
-    if (acc.n == 0)
-        return Py_BuildValue("(OOOOLL)", Py_None, Py_None, Py_None, Py_None,
-                             (long long)acc.nan, (long long)acc.inf);
-    return Py_BuildValue("(ddddLL)", acc.mn, acc.mx, acc.mean, sqrt(acc.m2 / acc.n),
-                         (long long)acc.nan, (long long)acc.inf);
+    return r;
+}
+
+/* The same for pprobe._native (through the capsule _C_STATS, no Python call): 1 done (v: min,
+ * max, mean, std, NaN where there are no finite values; c: NaN and inf counts), 0 not handled
+ * here (no exception set). */
+static int c_stats(PyObject *obj, double *v4, long long *c2) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(obj, &v, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int t = buffer_type(&v);
+    if (t < 0) {
+        PyBuffer_Release(&v);
+        return 0;
+    }
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    run_acc(&acc, t, (const char *)v.buf, v.ndim, v.shape, v.strides);
+    PyBuffer_Release(&v);
+    if (acc.n == 0) {
+        v4[0] = v4[1] = v4[2] = v4[3] = Py_NAN;
+    } else {
+        v4[0] = acc.mn;
+        v4[1] = acc.mx;
+        v4[2] = acc.mean;
+        v4[3] = sqrt(acc.m2 / acc.n);
+    }
+    c2[0] = acc.nan;
+    c2[1] = acc.inf;
+    return 1;
+}
+
+/* stats_at(address, type code, shape, strides in elements) -> the same tuple: the elements of
+ * a tensor whose owner keeps the memory alive for the call (a CPU torch tensor, read through
+ * data_ptr(), shape and stride(): no ndarray is made). */
+static PyObject *py_stats_at(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 4 || !PyTuple_Check(a[2]) || !PyTuple_Check(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "stats_at(address, code, shape, strides)");
+        return NULL;
+    }
+    void *addr = PyLong_AsVoidPtr(a[0]);
+    long t = PyLong_AsLong(a[1]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t nd = PyTuple_GET_SIZE(a[2]);
+    if (t < 0 || t >= T_NTYPES || nd > 64 || PyTuple_GET_SIZE(a[3]) != nd) {
+        PyErr_SetString(PyExc_ValueError, "stats_at: bad type code or dimensions");
+        return NULL;
+    }
+    Py_ssize_t shape[64], strides[64];
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        shape[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(a[2], i));
+        strides[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(a[3], i)) * t_size[t];
+        if (PyErr_Occurred()) return NULL;
+        if (shape[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "stats_at: negative dimension");
+            return NULL;
+        }
+    }
+    if (!addr) {
+        for (Py_ssize_t i = 0; i < nd; i++)
+            if (shape[i] == 0) return acc_result(&(Acc){0, 0, 0, 0, 0, 0, 0});
+        PyErr_SetString(PyExc_ValueError, "stats_at: null address");
+        return NULL;
+    }
+    return run_stats((int)t, (const char *)addr, (int)nd, shape, strides);
 }
 
 /* ------------------------------------------------------------------ module */
@@ -635,7 +816,9 @@ static PyMethodDef methods[] = {
      "(queued bytes, submitted, completed, files, links, failed, bytes written)"},
     {"close", dq_close, METH_VARARGS, "close(timeout): drain and stop the writer thread"},
     {"digest", py_digest, METH_O, "128-bit content hash of a contiguous buffer"},
-    {"stats", py_stats, METH_O, "(min, max, mean, std, nan, inf) of a contiguous array"},
+    {"stats", py_stats, METH_O, "(min, max, mean, std, nan, inf) of an array (any strides)"},
+    {"stats_at", (PyCFunction)(void (*)(void))py_stats_at, METH_FASTCALL,
+     "stats_at(address, code, shape, strides) -> the same, from a tensor's memory"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._dumpio",
@@ -650,6 +833,12 @@ PyMODINIT_FUNC PyInit__dumpio(void) {
     }
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
+    PyObject *cap = PyCapsule_New((void *)c_stats, "pprobe._dumpio._C_STATS", NULL);
+    if (!cap || PyModule_AddObject(m, "_C_STATS", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "API", DUMPIO_API) < 0) {
         Py_DECREF(m);
         return NULL;
