@@ -6,10 +6,12 @@ Rules (docs/torch.md):
 - statistics and dumps run with pprobe's own torch work hidden: no autograd, no
   ``__torch_function__`` / ``__torch_dispatch__`` modes (pprobe's included), no JIT tracer,
   no autocast;
-- CPU tensors are statted with the NumPy code (same numbers as NumPy arrays). CUDA tensors
-  are statted on the device: one small float64 tensor copied ``non_blocking`` into pinned
-  memory, with an event; the writer thread resolves it (:class:`pprobe.values.Lazy`), so the
-  training step never waits. CUDA dumps go the same way through pinned memory;
+- CPU tensors are statted by the native code straight from their memory (data_ptr, shape,
+  stride; :func:`native_cpu_stats`), or else with the NumPy code (same numbers as NumPy
+  arrays). CUDA tensors are statted on the device: one small float64 tensor copied
+  ``non_blocking`` into pinned memory, with an event; the writer thread resolves it
+  (:class:`pprobe.values.Lazy`), so the training step never waits. CUDA dumps go the same
+  way through pinned memory;
 - dtypes NumPy lacks (bfloat16, the float8/float4 family, complex32, bits) are dumped as their
   raw bits in a same-width unsigned view; the file name carries the true dtype
   (``op_..._{pid}-{seq}.bfloat16.npy``) and :func:`pprobe.load` views it back;
@@ -25,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .. import state, values
+from .. import core, state, values
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
@@ -234,6 +236,44 @@ class _DeviceStats(values.Lazy):
         return finish_stats(self.host.tolist())
 
 
+#: dtype -> pprobe/_dumpio.c's element type code (its enum's order): the dtypes whose
+#: statistics the native code reads straight from a CPU tensor's memory.
+_STATS_CODES = {
+    d: i
+    for i, n in enumerate(("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32",
+                           "int64", "uint64", "float16", "bfloat16", "float32", "float64"))
+    if (d := getattr(torch, n, None)) is not None
+}  # fmt: skip
+_tf_mode_enabled = torch._C._is_torch_function_mode_enabled
+_STRIDED = torch.strided
+_stats_at: Any = False
+
+
+def native_cpu_stats(x: Any) -> tuple | None:
+    """Statistics of a plain CPU tensor computed by the native code on its memory, read
+    through public attributes (``data_ptr()``, ``shape``, ``stride()``, ``dtype``): no
+    ndarray, no conversion, no copy, no torch op. None when it does not apply (the native
+    code is not loaded, a subclass or a torch function mode would see the attribute reads,
+    another device, layout or dtype, a negative view, a functorch wrapper): the caller's
+    general path then gives the same numbers."""
+    global _stats_at
+    f = _stats_at
+    if f is False:
+        mod = core.dumpio()
+        f = _stats_at = mod.stats_at if mod is not None else None
+    if f is None or x.__class__ not in _PLAIN or _tf_mode_enabled():
+        return None
+    code = _STATS_CODES.get(x.dtype)
+    if code is None or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or x.is_neg():
+        return None
+    if _is_functorch_wrapped is not None and _is_functorch_wrapped(x):
+        return None
+    try:
+        return f(x.data_ptr(), code, x.shape, x.stride())  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return None  # symbolic sizes, no storage: the general path
+
+
 def _cpu_stats(t: torch.Tensor) -> tuple | None:
     from .numpy_arrays import array_stats
 
@@ -324,6 +364,9 @@ class TorchHandler:
 
     def stats(self, x: Any) -> Any:
         """A tuple, a :class:`~pprobe.values.Lazy` (CUDA), or the reason there is none (str)."""
+        fast = native_cpu_stats(x)
+        if fast is not None:
+            return fast
         why = unreadable(x)
         if why is not None:
             return why
