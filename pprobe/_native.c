@@ -36,7 +36,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 3
+#define PPROBE_NATIVE_API 4
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -121,6 +121,7 @@ typedef struct {
     long every, first;
     int framework; /* 1 numpy, 2 torch, 0 other */
     int64_t calls;
+    int uninit; /* outputs are uninitialised memory (Op.uninit): 0 not looked up, 1 no, 2 yes */
 } OpInfo;
 static OpInfo *g_ops = NULL;
 static Py_ssize_t g_nops = 0;
@@ -1031,6 +1032,76 @@ done:
 }
 
 /* 1: described; 0: not a NumPy array or scalar; -1: error */
+/* Statistics in stats mode (set_stats): NumPy arrays and scalars are statted here, through
+ * pprobe._dumpio's one-pass C code on their buffer (its capsule _C_STATS), with the Python
+ * engine's rules (recorder._describe): an out= input and the outputs of an op whose outputs
+ * are uninitialised memory get a note instead; what the C code does not take (complex,
+ * byte-swapped, object, string dtypes) is statted by the Python handler (fallback). Tensors
+ * in a NumPy call, dumps, PPROBE_DTYPES and PPROBE_ON_NAN stay with the Python engine. */
+typedef int (*stats_fn)(PyObject *, double *, long long *);
+static stats_fn g_stats_c = NULL;
+static PyObject *py_stats_fallback = NULL; /* x -> (6-tuple) | None | str (the reason) */
+static PyObject *str_out_note = NULL, *str_uninit_note = NULL;
+static int32_t s_out_kw = -3;
+static int g_cur_uninit = 0; /* the outputs being described are uninitialised memory */
+
+static inline int stats_on(void) { return g_mode == 1 && g_stats_c != NULL; }
+
+static int desc_note(Descs *ds, DescRec *r, PyObject *note) {
+    if (ds->nobj >= 15) return 0; /* the row's objects are full (one stays for the args) */
+    r->note = (int32_t)ds->nobj;
+    ds->objs[ds->nobj++] = Py_NewRef(note);
+    return 0;
+}
+
+static double null_nan(PyObject *v) { return v == Py_None ? Py_NAN : PyFloat_AsDouble(v); }
+
+static int64_t null_count(PyObject *v) {
+    if (v == Py_None) return -1;
+    return (int64_t)PyFloat_AsDouble(v); /* ints and floats alike */
+}
+
+static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
+    if (r->role == s_input && r->idx == s_out_kw) return desc_note(ds, r, str_out_note);
+    if (r->role == s_output && g_cur_uninit) return desc_note(ds, r, str_uninit_note);
+    double v[4];
+    long long c[2];
+    if (g_stats_c(x, v, c)) {
+        r->stats = -1; /* inline */
+        r->mn = v[0];
+        r->mx = v[1];
+        r->mean = v[2];
+        r->std = v[3];
+        r->nan = c[0];
+        r->inf = c[1];
+        return 0;
+    }
+    PyObject *st = PyObject_CallOneArg(py_stats_fallback, x);
+    if (!st) {
+        report("statistics");
+        return 0;
+    }
+    if (PyTuple_CheckExact(st) && PyTuple_GET_SIZE(st) == 6) {
+        r->stats = -1;
+        r->mn = null_nan(PyTuple_GET_ITEM(st, 0));
+        r->mx = null_nan(PyTuple_GET_ITEM(st, 1));
+        r->mean = null_nan(PyTuple_GET_ITEM(st, 2));
+        r->std = null_nan(PyTuple_GET_ITEM(st, 3));
+        r->nan = null_count(PyTuple_GET_ITEM(st, 4));
+        r->inf = null_count(PyTuple_GET_ITEM(st, 5));
+        if (PyErr_Occurred()) {
+            r->stats = STATS_NONE;
+            r->mn = r->mx = r->mean = r->std = Py_NAN;
+            r->nan = r->inf = -1;
+            report("statistics");
+        }
+    } else if (PyUnicode_Check(st)) {
+        desc_note(ds, r, st);
+    }
+    Py_DECREF(st);
+    return 0;
+}
+
 static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
     PyTypeObject *tp = Py_TYPE(x);
     if (np_ndarray && (tp == np_ndarray || PyType_IsSubtype(tp, np_ndarray))) {
@@ -1046,10 +1117,13 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         r->ndim = a->nd;
         for (int i = 0; i < a->nd; i++) r->dims[i] = a->dimensions[i];
         r->dtype = dt;
+        if (stats_on() && desc_stats(ds, r, x) < 0) return -1;
         return 1;
     }
-    if (torch_plain && PyTuple_GET_SIZE(torch_plain) && describe_tensor_type(tp))
+    if (torch_plain && PyTuple_GET_SIZE(torch_plain) && describe_tensor_type(tp)) {
+        if (stats_on()) return 0; /* a tensor's statistics: the Python path */
         return describe_tensor(ds, x, role, idx, seq);
+    }
     if (np_generic && (tp == np_generic || PyType_IsSubtype(tp, np_generic))) {
         int32_t dt;
         PyObject *v = PyDict_GetItemWithError(np_scalar_sids, (PyObject *)tp);
@@ -1070,6 +1144,7 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         r->idx = idx;
         r->ndim = 0;
         r->dtype = dt;
+        if (stats_on() && desc_stats(ds, r, x) < 0) return -1;
         return 1;
     }
     return 0;
@@ -1159,6 +1234,23 @@ static Py_ssize_t operator_op(int opclass, PyObject *ufunc, PyObject *const *arg
 }
 
 static PyObject *g_ops_list = NULL; /* recorder.ops_by_index */
+
+/* Whether op `opi`'s outputs are uninitialised memory (its Op's `uninit`, looked up once) */
+static int op_uninit(Py_ssize_t opi) {
+    OpInfo *oi = op_info(opi);
+    if (!oi) return 0;
+    if (!oi->uninit) {
+        int u = 0;
+        if (g_ops_list && PyList_Check(g_ops_list) && opi < PyList_GET_SIZE(g_ops_list)) {
+            PyObject *v = PyObject_GetAttrString(PyList_GET_ITEM(g_ops_list, opi), "uninit");
+            u = v ? PyObject_IsTrue(v) == 1 : 0;
+            Py_XDECREF(v);
+            PyErr_Clear();
+        }
+        oi->uninit = u ? 2 : 1;
+    }
+    return oi->uninit == 2;
+}
 
 /* Statistics, dumps, a dtype filter, or an argument kind only Python knows: the Python
  * engine describes the call (recorder._begin / recorder._end) and the call itself is made
@@ -1366,6 +1458,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     } else {
         rec.status = s_ok;
         /* outputs */
+        if (stats_on()) g_cur_uninit = op_uninit(opi);
         int r = describe_np(&ds, result, s_output, s_idx0, seq);
         if (r < 0) goto fail_after;
         int python_outputs = 0;
@@ -1388,7 +1481,10 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
              !PyBool_Check(result) && !PyUnicode_CheckExact(result))) {
             /* another kind of result: the Python side describes it */
             PyObject *sq = PyLong_FromLongLong(seq);
-            PyObject *o = sq ? PyObject_CallFunctionObjArgs(py_outputs, sq, result, NULL) : NULL;
+            PyObject *oix = stats_on() ? PyLong_FromSsize_t(opi) : NULL; /* statistics too */
+            PyObject *o = sq ? PyObject_CallFunctionObjArgs(py_outputs, sq, result, oix, NULL)
+                             : NULL;
+            Py_XDECREF(oix);
             Py_XDECREF(sq);
             if (!o) goto fail_after;
             /* (desc records bytes, objects tuple) */
@@ -2068,6 +2164,27 @@ static PyObject *set_op(PyObject *self, PyObject *args) {
     o->sampled = o->every > 1 || first > 0;
     o->framework = framework;
     o->calls = 0;
+    o->uninit = 0;
+    Py_RETURN_NONE;
+}
+
+/* set_stats(capsule, fallback, out_note, uninit_note, out_sid): statistics here in stats mode
+ * (see desc_stats); set_stats(None, ...) hands them back to the Python engine. */
+static PyObject *set_stats(PyObject *self, PyObject *args) {
+    PyObject *cap, *fallback, *out_note, *uninit_note;
+    int out_sid;
+    if (!PyArg_ParseTuple(args, "OOUUi", &cap, &fallback, &out_note, &uninit_note, &out_sid))
+        return NULL;
+    stats_fn f = NULL;
+    if (cap != Py_None) {
+        f = (stats_fn)PyCapsule_GetPointer(cap, "pprobe._dumpio._C_STATS");
+        if (!f) return NULL;
+    }
+    Py_XSETREF(py_stats_fallback, Py_NewRef(fallback));
+    Py_XSETREF(str_out_note, Py_NewRef(out_note));
+    Py_XSETREF(str_uninit_note, Py_NewRef(uninit_note));
+    s_out_kw = out_sid;
+    g_stats_c = f;
     Py_RETURN_NONE;
 }
 
@@ -2209,6 +2326,8 @@ static PyMethodDef methods[] = {
     {"set_default_phase", set_default_phase, METH_O,
      "the phase of rows no hook gave one (init, other)"},
     {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},
+    {"set_stats", set_stats, METH_VARARGS,
+     "set_stats(capsule, fallback, out_note, uninit_note, out_sid): statistics in the core"},
     {"set_seq", set_seq, METH_O, "the next sequence number"},
     {"clear_code_cache", clear_code_cache, METH_NOARGS, "forget code classifications"},
     {"as_caller", (PyCFunction)(void (*)(void))as_caller, METH_FASTCALL,

@@ -65,6 +65,7 @@ ops_by_index: list[Op] = []
 #: statistics are noise (±1e38 "largest values", NaNs that mean nothing), so they get none,
 #: and no dump: the row's note says why.
 UNINITIALISED_NOTE = "uninitialised memory: no statistics, not dumped"
+OUT_NOTE = "out= buffer"  # an out= input: no statistics (pprobe/statscore.py says the same)
 
 
 class Op:
@@ -194,8 +195,23 @@ def _push() -> None:
     global _fast
     _fast = FAST_PATH and _active and not _mode and not _dtypes
     if _native is not None:
-        _native.configure(_active, _nested, _parents, _mode, bool(_mode or _dtypes),
-                          _flush_rows, _wake)  # fmt: skip
+        # stats mode stays in the core when it has the C statistics (pprobe/statscore.py)
+        slow = (
+            bool(_dtypes) or _mode == 2 or (_mode == 1 and (bool(_on_nan) or not _stats_in_core()))
+        )
+        _native.configure(_active, _nested, _parents, _mode, slow, _flush_rows, _wake)
+
+
+_core_stats: bool | None = None
+
+
+def _stats_in_core() -> bool:
+    global _core_stats
+    if _core_stats is None:
+        from . import statscore
+
+        _core_stats = statscore.attach(_native, UNINITIALISED_NOTE)
+    return _core_stats
 
 
 def want_parents(on: bool) -> None:
@@ -1141,7 +1157,7 @@ def _describe(
     if _mode == 0:
         return (role, idx, shape, dtype, device, grad, None, None, None)
     if role == "input" and idx == "out":
-        return (role, idx, shape, dtype, device, grad, None, None, "out= buffer")
+        return (role, idx, shape, dtype, device, grad, None, None, OUT_NOTE)
     if op.uninit and role == "output":
         return (role, idx, shape, dtype, device, grad, None, None, UNINITIALISED_NOTE)
     path = note = None
@@ -1174,10 +1190,16 @@ def _describe(
     return (role, idx, shape, dtype, device, grad, st, path, note)
 
 
-def _native_outputs(seq: int, result: Any) -> tuple[bytes, tuple]:
-    """The log-mode output records of a result the native core does not know (its arrays
-    found by :func:`values.outputs`): (desc records, objects)."""
-    descs = [h.light("output", idx, x) for idx, x, h in values.outputs(result)]
+def _native_outputs(seq: int, result: Any, op: int = -1) -> tuple[bytes, tuple]:
+    """The output records of a result the native core does not know (its arrays found by
+    :func:`values.outputs`): (desc records, objects). ``op``: the op's index when the core
+    records statistics (stats mode), -1 in log mode."""
+    outs = values.outputs(result)
+    if op >= 0:
+        o = ops_by_index[op]
+        descs = [_describe(o, "output", idx, x, h, "", len(outs) > 1) for idx, x, h in outs]
+    else:
+        descs = [h.light("output", idx, x) for idx, x, h in outs]
     objs: list = []
     return (records.encode_descs(seq, descs, objs) if descs else b""), tuple(objs)
 
