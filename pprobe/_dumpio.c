@@ -513,23 +513,36 @@ static __attribute__((noinline)) void acc_block(Acc *acc, const double *x, size_
     }
     for (; i < k; i++) s0 += x[i];
     double bm = ((s0 + s1) + (s2 + s3)) / (double)k;
-    double q0 = 0, q1 = 0, mn = x[0], mx = x[0];
-    for (i = 0; i + 2 <= k; i += 2) {
-        double d0 = x[i] - bm, d1 = x[i + 1] - bm;
+    double q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+    double mn0 = x[0], mn1 = x[0], mn2 = x[0], mn3 = x[0];
+    double mx0 = x[0], mx1 = x[0], mx2 = x[0], mx3 = x[0];
+    for (i = 0; i + 4 <= k; i += 4) {
+        double d0 = x[i] - bm, d1 = x[i + 1] - bm, d2 = x[i + 2] - bm, d3 = x[i + 3] - bm;
         q0 += d0 * d0;
         q1 += d1 * d1;
-        if (x[i] < mn) mn = x[i];
-        if (x[i] > mx) mx = x[i];
-        if (x[i + 1] < mn) mn = x[i + 1];
-        if (x[i + 1] > mx) mx = x[i + 1];
+        q2 += d2 * d2;
+        q3 += d3 * d3;
+        mn0 = x[i] < mn0 ? x[i] : mn0;
+        mn1 = x[i + 1] < mn1 ? x[i + 1] : mn1;
+        mn2 = x[i + 2] < mn2 ? x[i + 2] : mn2;
+        mn3 = x[i + 3] < mn3 ? x[i + 3] : mn3;
+        mx0 = x[i] > mx0 ? x[i] : mx0;
+        mx1 = x[i + 1] > mx1 ? x[i + 1] : mx1;
+        mx2 = x[i + 2] > mx2 ? x[i + 2] : mx2;
+        mx3 = x[i + 3] > mx3 ? x[i + 3] : mx3;
     }
     for (; i < k; i++) {
         double d0 = x[i] - bm;
         q0 += d0 * d0;
-        if (x[i] < mn) mn = x[i];
-        if (x[i] > mx) mx = x[i];
+        mn0 = x[i] < mn0 ? x[i] : mn0;
+        mx0 = x[i] > mx0 ? x[i] : mx0;
     }
-    double bn = (double)k, bm2 = q0 + q1;
+    double mn = mn0 < mn1 ? mn0 : mn1, mx = mx0 > mx1 ? mx0 : mx1;
+    if (mn2 < mn) mn = mn2;
+    if (mn3 < mn) mn = mn3;
+    if (mx2 > mx) mx = mx2;
+    if (mx3 > mx) mx = mx3;
+    double bn = (double)k, bm2 = (q0 + q1) + (q2 + q3);
     if (acc->n == 0) {
         acc->n = bn;
         acc->mean = bm;
@@ -544,6 +557,37 @@ static __attribute__((noinline)) void acc_block(Acc *acc, const double *x, size_
     acc->n = n;
     if (mn < acc->mn) acc->mn = mn;
     if (mx > acc->mx) acc->mx = mx;
+}
+
+/* A block of converted values: the non-finite ones (floating types) are counted and
+ * dropped first. One branch-free pass tells whether there are any: x * 0 is NaN only for
+ * NaN and inf. */
+static void flush_block(Acc *acc, double *x, size_t k, int floating) {
+    if (floating) {
+        double c0 = 0, c1 = 0, c2 = 0, c3 = 0;
+        size_t i = 0;
+        for (; i + 4 <= k; i += 4) {
+            c0 += x[i] * 0.0;
+            c1 += x[i + 1] * 0.0;
+            c2 += x[i + 2] * 0.0;
+            c3 += x[i + 3] * 0.0;
+        }
+        for (; i < k; i++) c0 += x[i] * 0.0;
+        if ((c0 + c1) + (c2 + c3) != 0.0) {
+            size_t j = 0;
+            for (i = 0; i < k; i++) {
+                double v = x[i];
+                if (isfinite(v))
+                    x[j++] = v;
+                else if (isnan(v))
+                    acc->nan++;
+                else
+                    acc->inf++;
+            }
+            k = j;
+        }
+    }
+    acc_block(acc, x, k);
 }
 
 #define BLOCK 2048
@@ -594,19 +638,24 @@ static inline double load(int t, const char *p) {
 
 /* k values of one row: n elements from p, step bytes apart, into the block (flushed by blocks
  * of BLOCK finite values: the memory used is the block, whatever the array's size) */
+/* n elements from p, step bytes apart, converted into the block; each full block is flushed
+ * (the memory used is the block, whatever the array's size) */
 #define ROW_LOOP(T, CONV, FLOAT)                                                  \
-    for (Py_ssize_t i = 0; i < n; i++, p += step) {                               \
-        double v = CONV(*(const T *)p);                                           \
-        if (FLOAT && !isfinite(v)) {                                              \
-            if (isnan(v))                                                         \
-                acc->nan++;                                                       \
-            else                                                                  \
-                acc->inf++;                                                       \
-            continue;                                                             \
+    while (n > 0) {                                                               \
+        Py_ssize_t m = (Py_ssize_t)(BLOCK - *k);                                  \
+        if (m > n) m = n;                                                         \
+        double *dst = blk + *k;                                                   \
+        if (step == (Py_ssize_t)sizeof(T)) {                                      \
+            const T *src = (const T *)p;                                          \
+            for (Py_ssize_t i = 0; i < m; i++) dst[i] = CONV(src[i]);             \
+        } else {                                                                  \
+            for (Py_ssize_t i = 0; i < m; i++) dst[i] = CONV(*(const T *)(p + i * step)); \
         }                                                                         \
-        blk[(*k)++] = v;                                                          \
+        p += m * step;                                                            \
+        n -= m;                                                                   \
+        *k += (size_t)m;                                                          \
         if (*k == BLOCK) {                                                        \
-            acc_block(acc, blk, *k);                                              \
+            flush_block(acc, blk, *k, FLOAT);                                     \
             *k = 0;                                                               \
         }                                                                         \
     }
@@ -669,7 +718,7 @@ static void stats_strided(Acc *acc, int t, const char *base, int ndim, const Py_
         while (d >= 0 && ++idx[d] == sh[d]) idx[d--] = 0;
         if (d < 0) break;
     }
-    acc_block(acc, blk, k);
+    flush_block(acc, blk, k, t >= T_F16);
 }
 
 static PyObject *acc_result(const Acc *acc) {
