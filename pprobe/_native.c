@@ -1036,11 +1036,14 @@ done:
  * pprobe._dumpio's one-pass C code on their buffer (its capsule _C_STATS), with the Python
  * engine's rules (recorder._describe): an out= input and the outputs of an op whose outputs
  * are uninitialised memory get a note instead; what the C code does not take (complex,
- * byte-swapped, object, string dtypes) is statted by the Python handler (fallback). Tensors
- * in a NumPy call, dumps, PPROBE_DTYPES and PPROBE_ON_NAN stay with the Python engine. */
+ * byte-swapped, object, string dtypes) is statted by the Python handler (fallback). Torch
+ * tensors (NumPy calls and the torch api level) are described here and statted by the torch
+ * handler (tensor_stats: one Python call, CPU tensors read in C from their data pointer).
+ * Dumps, PPROBE_DTYPES and PPROBE_ON_NAN stay with the Python engine. */
 typedef int (*stats_fn)(PyObject *, double *, long long *);
 static stats_fn g_stats_c = NULL;
 static PyObject *py_stats_fallback = NULL; /* x -> (6-tuple) | None | str (the reason) */
+static PyObject *py_tensor_stats = NULL;   /* tensor -> (6-tuple) | Lazy | None | str */
 static PyObject *str_out_note = NULL, *str_uninit_note = NULL;
 static int32_t s_out_kw = -3;
 static int g_cur_uninit = 0; /* the outputs being described are uninitialised memory */
@@ -1061,6 +1064,8 @@ static int64_t null_count(PyObject *v) {
     return (int64_t)PyFloat_AsDouble(v); /* ints and floats alike */
 }
 
+static int desc_stats_py(Descs *ds, DescRec *r, PyObject *x, PyObject *fn);
+
 static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
     if (r->role == s_input && r->idx == s_out_kw) return desc_note(ds, r, str_out_note);
     if (r->role == s_output && g_cur_uninit) return desc_note(ds, r, str_uninit_note);
@@ -1076,7 +1081,13 @@ static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
         r->inf = c[1];
         return 0;
     }
-    PyObject *st = PyObject_CallOneArg(py_stats_fallback, x);
+    return desc_stats_py(ds, r, x, py_stats_fallback);
+}
+
+/* what a Python handler's stats(x) gave: a 6-tuple (inline), a str (the reason: a note),
+ * None, or a Lazy resolved by the writer (an object; like the Python engine's rows) */
+static int desc_stats_py(Descs *ds, DescRec *r, PyObject *x, PyObject *fn) {
+    PyObject *st = PyObject_CallOneArg(fn, x);
     if (!st) {
         report("statistics");
         return 0;
@@ -1097,6 +1108,9 @@ static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
         }
     } else if (PyUnicode_Check(st)) {
         desc_note(ds, r, st);
+    } else if (st != Py_None && ds->nobj < 15) {
+        r->stats = (int32_t)ds->nobj;
+        ds->objs[ds->nobj++] = Py_NewRef(st);
     }
     Py_DECREF(st);
     return 0;
@@ -1121,8 +1135,21 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         return 1;
     }
     if (torch_plain && PyTuple_GET_SIZE(torch_plain) && describe_tensor_type(tp)) {
-        if (stats_on()) return 0; /* a tensor's statistics: the Python path */
-        return describe_tensor(ds, x, role, idx, seq);
+        int st = stats_on();
+        if (st && (!py_tensor_stats || py_tensor_stats == Py_None))
+            return 0; /* the Python path */
+        int r = describe_tensor(ds, x, role, idx, seq);
+        if (r == 1 && st) {
+            DescRec *d = &ds->d[ds->n - 1];
+            if (d->role == s_input && d->idx == s_out_kw) {
+                desc_note(ds, d, str_out_note);
+            } else if (d->role == s_output && g_cur_uninit) {
+                desc_note(ds, d, str_uninit_note);
+            } else if (desc_stats_py(ds, d, x, py_tensor_stats) < 0) {
+                return -1;
+            }
+        }
+        return r;
     }
     if (np_generic && (tp == np_generic || PyType_IsSubtype(tp, np_generic))) {
         int32_t dt;
@@ -2168,12 +2195,14 @@ static PyObject *set_op(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_stats(capsule, fallback, out_note, uninit_note, out_sid): statistics here in stats mode
+/* set_stats(capsule, fallback, out_note, uninit_note, out_sid[, tensor_stats]): statistics
+ * here in stats mode; tensor_stats(t): a torch tensor's (the torch handler's stats)
  * (see desc_stats); set_stats(None, ...) hands them back to the Python engine. */
 static PyObject *set_stats(PyObject *self, PyObject *args) {
-    PyObject *cap, *fallback, *out_note, *uninit_note;
+    PyObject *cap, *fallback, *out_note, *uninit_note, *tensor_stats = Py_None;
     int out_sid;
-    if (!PyArg_ParseTuple(args, "OOUUi", &cap, &fallback, &out_note, &uninit_note, &out_sid))
+    if (!PyArg_ParseTuple(args, "OOUUi|O", &cap, &fallback, &out_note, &uninit_note, &out_sid,
+                          &tensor_stats))
         return NULL;
     stats_fn f = NULL;
     if (cap != Py_None) {
@@ -2181,6 +2210,7 @@ static PyObject *set_stats(PyObject *self, PyObject *args) {
         if (!f) return NULL;
     }
     Py_XSETREF(py_stats_fallback, Py_NewRef(fallback));
+    Py_XSETREF(py_tensor_stats, Py_NewRef(tensor_stats));
     Py_XSETREF(str_out_note, Py_NewRef(out_note));
     Py_XSETREF(str_uninit_note, Py_NewRef(uninit_note));
     s_out_kw = out_sid;
