@@ -24,7 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DUMPIO_API 2
+#define DUMPIO_API 3
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -853,6 +853,107 @@ static PyObject *py_stats_at(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     return run_stats((int)t, (const char *)addr, (int)nd, shape, strides);
 }
 
+/* ------------------------------------------------------------------ gradient statistics */
+/* GradientFlowHook's per-gradient numbers: sum of squares, sum, min, max, non-zeros, NaNs and
+ * infs of contiguous float16/bfloat16/float32/float64 memory, accumulated in double. Sums
+ * and the sum of squares take every element as torch's norm() and sum() do (a NaN or an inf
+ * makes them NaN or inf); min and max are NaN when a NaN is there, as torch.aminmax says. */
+typedef struct {
+    const char *p;
+    int t;
+    Py_ssize_t n;
+    double ss, s, lo, hi;
+    long long nz, nan, inf;
+} GJob;
+
+#define GRAD_LOOP(T, CONV)                                   \
+    do {                                                     \
+        const T *x = (const T *)j->p;                        \
+        for (Py_ssize_t i = 0; i < n; i++) {                 \
+            double v = CONV(x[i]);                           \
+            s += v;                                          \
+            ss += v * v;                                     \
+            lo = v < lo ? v : lo;                            \
+            hi = v > hi ? v : hi;                            \
+            nz += v != 0;                                    \
+        }                                                    \
+    } while (0)
+#define F16_D(h) half_to_double(h)
+#define BF16_D(h) bf16_to_double(h)
+
+static void grad_one(GJob *j) {
+    double ss = 0, s = 0, lo = INFINITY, hi = -INFINITY;
+    long long nz = 0, nan = 0, inf = 0;
+    Py_ssize_t n = j->n;
+    switch (j->t) {
+    case T_F32: GRAD_LOOP(float, AS_DOUBLE); break;
+    case T_F64: GRAD_LOOP(double, AS_DOUBLE); break;
+    case T_F16: GRAD_LOOP(uint16_t, F16_D); break;
+    default: GRAD_LOOP(uint16_t, BF16_D); break;
+    }
+    if (!isfinite(ss)) { /* rare: count what is not finite (a second pass) */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double v = load(j->t, j->p + i * t_size[j->t]);
+            nan += v != v;
+            inf += isinf(v) != 0;
+        }
+    }
+    if (nan) lo = hi = NAN;
+    if (n == 0) lo = hi = 0;
+    j->ss = ss, j->s = s, j->lo = lo, j->hi = hi, j->nz = nz, j->nan = nan, j->inf = inf;
+}
+
+/* grad_stats([(address, code, numel), ...]) -> [(sum of squares, sum, min, max, non-zeros,
+ * NaNs, infs), ...] for contiguous memory the caller keeps alive; the GIL is released once for
+ * the whole list (the statistics thread asks for it twice per step, not per tensor op). */
+static PyObject *py_grad_stats(PyObject *self, PyObject *seq) {
+    PyObject *fast = PySequence_Fast(seq, "grad_stats: a list of (address, code, numel)");
+    if (!fast) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
+    GJob *jobs = PyMem_Calloc(m ? (size_t)m : 1, sizeof(GJob));
+    if (!jobs) {
+        Py_DECREF(fast);
+        return PyErr_NoMemory();
+    }
+    PyObject *out = NULL;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(fast, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
+            PyErr_SetString(PyExc_TypeError, "grad_stats: items are (address, code, numel)");
+            goto done;
+        }
+        jobs[i].p = (const char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(it, 0));
+        long t = PyLong_AsLong(PyTuple_GET_ITEM(it, 1));
+        jobs[i].n = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 2));
+        if (PyErr_Occurred()) goto done;
+        if ((t != T_F16 && t != T_BF16 && t != T_F32 && t != T_F64) || jobs[i].n < 0 ||
+            (!jobs[i].p && jobs[i].n)) {
+            PyErr_SetString(PyExc_ValueError, "grad_stats: a floating type code, numel >= 0");
+            goto done;
+        }
+        jobs[i].t = (int)t;
+    }
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < m; i++) grad_one(&jobs[i]);
+    Py_END_ALLOW_THREADS;
+    out = PyList_New(m);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        GJob *j = &jobs[i];
+        PyObject *row = Py_BuildValue("(ddddLLL)", j->ss, j->s, j->lo, j->hi, j->nz, j->nan,
+                                      j->inf);
+        if (!row) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, row);
+    }
+done:
+    PyMem_Free(jobs);
+    Py_DECREF(fast);
+    return out;
+}
+
 /* ------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"open", dq_open, METH_VARARGS, "open(dirfd, max_bytes): the run folder and queue size"},
@@ -868,6 +969,8 @@ static PyMethodDef methods[] = {
     {"stats", py_stats, METH_O, "(min, max, mean, std, nan, inf) of an array (any strides)"},
     {"stats_at", (PyCFunction)(void (*)(void))py_stats_at, METH_FASTCALL,
      "stats_at(address, code, shape, strides) -> the same, from a tensor's memory"},
+    {"grad_stats", py_grad_stats, METH_O,
+     "grad_stats([(address, code, numel)]) -> [(sumsq, sum, min, max, nonzero, nan, inf)]"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._dumpio",

@@ -1,0 +1,82 @@
+"""GradientFlowHook's native gradient statistics (pprobe/_dumpio.c ``grad_stats``) against
+NumPy and against the torch path they stand in for (``builtin.grad_stats``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pprobe import core
+from pprobe.hooks import builtin
+
+torch = pytest.importorskip("torch")
+
+native = pytest.mark.skipif(core.dumpio() is None, reason="PPROBE_CORE=python: the torch path")
+
+
+def expected(g: Any) -> tuple:
+    a = g.detach().double().numpy().ravel()
+    nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
+    lo, hi = (float("nan"),) * 2 if nan else (float(a.min()), float(a.max())) if a.size else (0, 0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return (float((a * a).sum()), float(a.sum()), lo, hi, int((a != 0).sum()), nan, inf)
+
+
+def same(x: float, y: float) -> bool:
+    if math.isnan(x) or math.isnan(y):
+        return math.isnan(x) and math.isnan(y)
+    return x == pytest.approx(y, rel=1e-12, abs=1e-300)
+
+
+@native
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_against_numpy(dtype: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    dt = getattr(torch, dtype)
+    grads = [torch.randn(300, 7, generator=g).to(dt), torch.zeros(5, dtype=dt),
+             torch.empty(0, dtype=dt), torch.randn(4, 4, generator=g).relu().to(dt)]  # fmt: skip
+    bad = torch.randn(50, generator=g).to(dt)
+    bad[3], bad[7], bad[9] = float("nan"), float("inf"), float("-inf")
+    inf_only = torch.ones(6, dtype=dt)
+    inf_only[2] = float("-inf")
+    grads += [bad, inf_only]
+    got = builtin.native_grad_stats(torch, grads)
+    assert got is not None
+    for t, r in zip(grads, got):
+        e = expected(t)
+        assert all(same(x, y) for x, y in zip(r[:4], e[:4])), (dtype, r, e)
+        assert r[4:] == e[4:], (dtype, r, e)
+
+
+@native
+def test_rows_match_the_torch_path() -> None:
+    """The hook's rows from the native numbers equal the torch path's (up to float32
+    rounding of torch's own reductions)."""
+    g = torch.Generator().manual_seed(2)
+    grads = [torch.randn(64, 128, generator=g), torch.randn(10, generator=g).relu()]
+    names, numels = ["w", "b"], [g_.numel() for g_ in grads]
+    hook = builtin.GradientFlowHook(frequency=1)
+    fast = hook._cpu_rows(torch, 3, names, numels, grads)
+    fl, it = builtin.grad_stats(torch, grads, counts=True)
+    slow = builtin._rows(hook.name, 3, names, numels, fl.tolist(), it.tolist(), None)
+    assert [r["param"] for r in fast] == names
+    for a, b in zip(fast, slow):
+        for k in ("norm", "max_abs", "mean"):
+            assert a[k] == pytest.approx(b[k], rel=1e-5), k
+        for k in ("numel", "zero_frac", "nan_count", "inf_count", "step", "hook"):
+            assert a[k] == b[k], k
+
+
+def test_declines_what_it_does_not_read() -> None:
+    """Other dtypes, non-contiguous views and subclasses go to the torch path (None)."""
+    x = torch.randn(6, 4)
+    assert builtin.native_grad_stats(torch, [x.t()]) is None  # not contiguous
+    assert builtin.native_grad_stats(torch, [torch.ones(3, dtype=torch.int64)]) is None
+    assert builtin.native_grad_stats(torch, []) is None
+    if core.dumpio() is None:
+        assert builtin.native_grad_stats(torch, [x]) is None
+    else:
+        assert builtin.native_grad_stats(torch, [x]) is not None
