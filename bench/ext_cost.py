@@ -6,9 +6,10 @@ python -m bench.ext_cost --method children [--rounds 9] [--steps 200]
 
 Method ``alternate`` (the default) measures inside each child: blocks of ``block-steps``
 training steps with the table and metric registered and unregistered, in the order
-on-off-off-on, off-on-on-off, ... (``mlp_torch.alternate``). Each "on" block ends with the
-python tables' flush inside its timing, so its rows' Arrow encoding and write are counted in
-it; the zero-code step listener, the flusher thread and the op log run in both. One quad gives
+on-off-off-on, off-on-on-off, ... (``mlp_torch.alternate``). Every block ends with the
+python tables' flush inside its timing, on another thread as the ``pprobe-ext`` thread does
+it, so an "on" block's rows (their Arrow encoding and write) are counted in its process CPU;
+the zero-code step listener, the flusher thread and the op log run in both. One quad gives
 one ratio, (on + on) / (off + off), on the process's CPU time (every thread) and on the main
 thread's; the figure is the median over every quad of every child, with a bootstrap 95 %
 interval. The same process, warm caches and the same allocator state on both sides is what

@@ -157,11 +157,26 @@ def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
 def alternate(out: dict[str, Any]) -> None:
     """The extension API's cost measured inside one process (bench/ext_cost.py): blocks of
     ``block_steps`` steps with the table and metric registered ("on") and unregistered ("off"),
-    in the order on-off-off-on (linear drift cancels in each quad). An "on" block ends with the
-    python tables' flush inside its timing, so writing its rows is counted in it; an "off"
-    block ends with the same (empty) flush. Each block gives the main thread's CPU time and the
-    process's CPU time (every thread: pprobe's op writer, the tables' flusher)."""
+    in the order on-off-off-on (linear drift cancels in each quad). Every block ends with the
+    python tables' flush inside its timing, run on another thread as the ``pprobe-ext``
+    thread runs it (the main thread waits, using no CPU): making and writing an "on" block's
+    rows is counted in that block's process CPU, not in its main thread's. Each block gives
+    the main thread's CPU time and the process's CPU time (every thread: pprobe's op writer,
+    the tables' flush)."""
+    import queue
+    import threading
+
     from pprobe.ext import tables as ext_tables
+
+    asks: queue.Queue[int] = queue.Queue()
+    done: queue.Queue[int] = queue.Queue()
+
+    def flusher() -> None:  # one thread for the whole run, like pprobe-ext
+        while asks.get():
+            ext_tables.flush()
+            done.put(1)
+
+    threading.Thread(target=flusher, daemon=True).start()
 
     n, quads = int(ARGS.get("block_steps", 300)), int(ARGS.get("quads", 6))
     blocks: dict[str, list[list[float]]] = {"on": [], "off": []}
@@ -178,8 +193,10 @@ def alternate(out: dict[str, Any]) -> None:
             for _ in range(n):
                 step(i)
                 i += 1
-            ext_tables.flush()
+            asks.put(1)
+            done.get()
             blocks[kind].append([time.thread_time() - t0, time.process_time() - p0])
+    asks.put(0)
     out["blocks"] = blocks
     out["block_steps"] = n
     out["loop_s"] = sum(b[1] for v in blocks.values() for b in v)
