@@ -10,8 +10,9 @@ on-off-off-on, off-on-on-off, ... (``mlp_torch.alternate``). Every block ends wi
 python tables' flush inside its timing, on another thread as the ``pprobe-ext`` thread does
 it, so an "on" block's rows (their Arrow encoding and write) are counted in its process CPU;
 the zero-code step listener, the flusher thread and the op log run in both. One quad gives
-one ratio, (on + on) / (off + off), on the process's CPU time (every thread) and on the main
-thread's; the figure is the median over every quad of every child, with a bootstrap 95 %
+one ratio, (on + on) / (off + off), on the process's CPU time (every thread), on the main
+thread's and on the wall clock (meaningful on an otherwise idle machine only); the figure is
+the median over every quad of every child, with a bootstrap 95 %
 interval. The same process, warm caches and the same allocator state on both sides is what
 makes a 2 % difference visible on a shared machine: fresh children differ by several percent
 from one another (see ``children``).
@@ -47,6 +48,7 @@ def alternate(a: argparse.Namespace) -> int:
         return 1
     proc: list[float] = []
     main_t: list[float] = []
+    wall: list[float] = []
     step_us: list[float] = []
     for o in vr.runs:
         on, off = o.data["blocks"]["on"], o.data["blocks"]["off"]
@@ -54,6 +56,8 @@ def alternate(a: argparse.Namespace) -> int:
             a_on, a_off = on[2 * q : 2 * q + 2], off[2 * q : 2 * q + 2]
             proc.append(sum(b[1] for b in a_on) / sum(b[1] for b in a_off) - 1)
             main_t.append(sum(b[0] for b in a_on) / sum(b[0] for b in a_off) - 1)
+            if len(a_on[0]) > 2:
+                wall.append(sum(b[2] for b in a_on) / sum(b[2] for b in a_off) - 1)
             step_us.append(sum(b[1] for b in a_off) / (2 * o.data["block_steps"]) * 1e6)
     print(f"torch MLP, log mode, native engine: {a.children} children x {a.quads} quads of "
           f"{a.block_steps}-step blocks ({len(proc)} quads), load average "
@@ -61,6 +65,8 @@ def alternate(a: argparse.Namespace) -> int:
     print(f"  step without extensions: median {median(step_us):.0f} us of process CPU")
     print(f"  table + metric every step, process CPU (every thread): {_ci(proc)}")
     print(f"  table + metric every step, main thread CPU:            {_ci(main_t)}")
+    if wall:
+        print(f"  table + metric every step, wall time:                  {_ci(wall)}")
     print("  target <= +2 %")
     return 0
 

@@ -189,13 +189,15 @@ def alternate(out: dict[str, Any]) -> None:
             else:
                 ext_tables.unregister("table", "training_state")
                 ext_tables.unregister("metric", "steps_seen")
-            t0, p0 = time.thread_time(), time.process_time()
+            t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
             for _ in range(n):
                 step(i)
                 i += 1
             asks.put(1)
             done.get()
-            blocks[kind].append([time.thread_time() - t0, time.process_time() - p0])
+            blocks[kind].append(
+                [time.thread_time() - t0, time.process_time() - p0, time.perf_counter() - w0]
+            )
     asks.put(0)
     out["blocks"] = blocks
     out["block_steps"] = n
