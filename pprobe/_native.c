@@ -1803,34 +1803,31 @@ static PyObject *py_torch_op = NULL;     /* torch_api._api_op_index(func) -> int
 static PyObject *py_task_id = NULL;      /* torch._C._current_graph_task_id */
 static PyObject *s_forward = NULL, *s_backward = NULL;
 
-/* torch_call(func, args, kwargs): the body of the api level's __torch_function__ */
-static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if (n != 3 || !PyTuple_Check(a[1]) || !(a[2] == Py_None || PyDict_Check(a[2]))) {
-        PyErr_SetString(PyExc_TypeError, "torch_call(func, args: tuple, kwargs: dict|None)");
-        return NULL;
-    }
-    PyObject *func = a[0], *targs = a[1], *kw = a[2] == Py_None ? NULL : a[2];
-    if (!g_active || !g_torch_ops) return PyObject_Call(func, targs, kw);
-    Py_ssize_t opi;
+/* The op index of a torch function (-1: not a row), from g_torch_ops or, the first time, from
+ * torch_api._api_op_index (run as pprobe's own code, cached unless the function is
+ * unhashable). -2 when naming it failed (reported once). */
+static Py_ssize_t torch_op_index(PyObject *func) {
     PyObject *v = PyDict_GetItemWithError(g_torch_ops, func);
-    if (v) {
-        opi = PyLong_AsSsize_t(v);
-    } else {
-        int unhashable = PyErr_Occurred() != NULL;
-        PyErr_Clear();
-        long depth = tl_depth;
-        tl_depth = INTERNAL;
-        PyObject *r = PyObject_CallOneArg(py_torch_op, func);
-        tl_depth = depth;
-        if (!r) {
-            report("naming a torch function");
-            return PyObject_Call(func, targs, kw);
-        }
-        opi = PyLong_AsSsize_t(r);
-        if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
-        Py_DECREF(r);
+    if (v) return PyLong_AsSsize_t(v);
+    int unhashable = PyErr_Occurred() != NULL;
+    PyErr_Clear();
+    long depth = tl_depth;
+    tl_depth = INTERNAL;
+    PyObject *r = PyObject_CallOneArg(py_torch_op, func);
+    tl_depth = depth;
+    if (!r) {
+        report("naming a torch function");
+        return -2;
     }
-    if (opi < 0) return PyObject_Call(func, targs, kw);
+    Py_ssize_t opi = PyLong_AsSsize_t(r);
+    if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
+    Py_DECREF(r);
+    return opi;
+}
+
+/* Record a torch call: phase backward inside autograd's engine (a graph task is running),
+ * else the phase the hooks set (forward, optimizer) or the default. */
+static PyObject *record_torch(Py_ssize_t opi, PyObject *func, PyObject *targs, PyObject *kw) {
     PyObject *tid = PyObject_CallNoArgs(py_task_id);
     int backward = 0;
     if (tid) {
@@ -1839,14 +1836,26 @@ static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     } else {
         PyErr_Clear();
     }
-    if (!backward) /* the phase hooks set (forward, optimizer) or the default */
-        return record_tuple_call(opi, NULL, func, targs, kw);
+    if (!backward) return record_tuple_call(opi, NULL, func, targs, kw);
     PyObject *saved = tl_phase; /* the reference moves to `saved` */
     tl_phase = Py_NewRef(s_backward);
     PyObject *r = record_tuple_call(opi, NULL, func, targs, kw);
     Py_DECREF(tl_phase);
     tl_phase = saved;
     return r;
+}
+
+/* torch_call(func, args, kwargs): the body of the api level's __torch_function__ */
+static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_Check(a[1]) || !(a[2] == Py_None || PyDict_Check(a[2]))) {
+        PyErr_SetString(PyExc_TypeError, "torch_call(func, args: tuple, kwargs: dict|None)");
+        return NULL;
+    }
+    PyObject *func = a[0], *targs = a[1], *kw = a[2] == Py_None ? NULL : a[2];
+    if (!g_active || !g_torch_ops) return PyObject_Call(func, targs, kw);
+    Py_ssize_t opi = torch_op_index(func);
+    if (opi < 0) return PyObject_Call(func, targs, kw);
+    return record_torch(opi, func, targs, kw);
 }
 
 static PyObject *torch_init(PyObject *self, PyObject *args) {
@@ -1960,24 +1969,7 @@ static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargs
     if (!g_torch_on || !g_active || !g_torch_ops) return tf_plain(func, targs, kw, NULL);
     long depth = tl_depth;
     if (depth && (depth >= INTERNAL || !g_nested)) return tf_plain(func, targs, kw, NULL);
-    Py_ssize_t opi;
-    PyObject *v = PyDict_GetItemWithError(g_torch_ops, func);
-    if (v) {
-        opi = PyLong_AsSsize_t(v);
-    } else {
-        int unhashable = PyErr_Occurred() != NULL;
-        PyErr_Clear();
-        tl_depth = INTERNAL;
-        PyObject *r = PyObject_CallOneArg(py_torch_op, func);
-        tl_depth = depth;
-        if (!r) {
-            report("naming a torch function");
-            return tf_plain(func, targs, kw, NULL);
-        }
-        opi = PyLong_AsSsize_t(r);
-        if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
-        Py_DECREF(r);
-    }
+    Py_ssize_t opi = torch_op_index(func);
     if (opi < 0) return tf_plain(func, targs, kw, NULL);
     PyFrameObject *f = PyEval_GetFrame();
     if (f) {
@@ -1989,21 +1981,7 @@ static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargs
             return tf_plain(func, targs, kw, py_torch_call_fn);
         }
     }
-    PyObject *tid = PyObject_CallNoArgs(py_task_id);
-    int backward = 0;
-    if (tid) {
-        backward = PyLong_AsLong(tid) != -1;
-        Py_DECREF(tid);
-    } else {
-        PyErr_Clear();
-    }
-    if (!backward) return record_tuple_call(opi, NULL, func, targs, kw);
-    PyObject *saved = tl_phase;
-    tl_phase = Py_NewRef(s_backward);
-    PyObject *r = record_tuple_call(opi, NULL, func, targs, kw);
-    Py_DECREF(tl_phase);
-    tl_phase = saved;
-    return r;
+    return record_torch(opi, func, targs, kw);
 }
 
 /* The handler is a Python function on the mode's class (torch wants a method whose __self__
