@@ -82,3 +82,25 @@ def make_venv(path: Path, system_site: bool = False) -> Path:
 def venv_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One shared venv (no user site); tests must not change it (the .pth test makes its own)."""
     return make_venv(tmp_path_factory.mktemp("venv") / "venv")
+
+
+@pytest.fixture
+def hook_state() -> Iterator[None]:
+    """In-process hook tests: no hook, no claim, no unwritten python-table row, no once-only
+    warning left from an earlier test, before and after (each hook's cleanup is run)."""
+    from pprobe import _report
+    from pprobe import hooks as ph
+    from pprobe.ext import tables
+    from pprobe.hooks import dispatch
+
+    def reset() -> None:
+        dispatch._reset()
+        tables.clear_rows()
+        _report.reset()
+
+    reset()
+    yield
+    for h in ph.hooks():
+        if hasattr(h, "cleanup"):
+            h.cleanup()
+    reset()

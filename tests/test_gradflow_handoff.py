@@ -23,20 +23,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 
-@pytest.fixture(autouse=True)
-def _clean() -> Any:
-    dispatch._reset()
-    tables.pending.clear()
-    tables.memory.clear()
-    _report.reset()
-    yield
-    for h in ph.hooks():
-        if hasattr(h, "cleanup"):
-            h.cleanup()
-    dispatch._reset()
-    tables.pending.clear()
-    tables.memory.clear()
-    _report.reset()
+pytestmark = pytest.mark.usefixtures("hook_state")
 
 
 def rows() -> list[dict[str, Any]]:

@@ -20,14 +20,12 @@ from pprobe.hooks import dispatch, exporters
 def _clean() -> Any:
     dispatch._reset()
     exporters._reset()
-    tables.pending.clear()
-    tables.memory.clear()
+    tables.clear_rows()
     yield
     exporters._reset()
     dispatch._reset()
     tables.taps.clear()
-    tables.pending.clear()
-    tables.memory.clear()
+    tables.clear_rows()
 
 
 def errors() -> list[dict[str, Any]]:

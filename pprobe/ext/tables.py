@@ -602,6 +602,14 @@ def _activate() -> None:
         _flusher.start()
 
 
+def clear_rows() -> None:
+    """Forget the rows not yet written: sampled values, pending rows, rows kept in memory."""
+    with _lock:
+        _raw.clear()
+        pending.clear()
+        memory.clear()
+
+
 def _after_fork() -> None:
     """A forked child: its parent's unwritten rows and open shards are not its own."""
     global _flusher, _write_lock, _lock, _pid, _fork_locked
@@ -610,9 +618,7 @@ def _after_fork() -> None:
     _flusher = None  # the next record or stop starts or needs none
     _lock = threading.RLock()  # another thread may have held them at the fork
     _write_lock = threading.Lock()
-    pending.clear()
-    _raw.clear()
-    memory.clear()
+    clear_rows()
     _sinks.clear()
     _shard_k.clear()
 
