@@ -429,8 +429,8 @@ def grad_stats(torch: Any, grads: list[Any], counts: bool) -> tuple[Any, Any]:
     return torch.stack(norms + mins + maxs + sums), torch.stack(ints)
 
 
-#: dtype name -> pprobe/_dumpio.c's element type code, for its grad_stats
-_GRAD_CODES = {"float16": 9, "bfloat16": 10, "float32": 11, "float64": 12}
+#: torch dtype -> pprobe/_dumpio.c's element type code, for its grad_stats (made once)
+_grad_codes: dict[Any, int] = {}
 
 
 def native_grad_stats(torch: Any, grads: list[Any]) -> list[tuple] | None:
@@ -446,12 +446,15 @@ def native_grad_stats(torch: Any, grads: list[Any]) -> list[tuple] | None:
     mod = core.dumpio()
     if mod is None or not grads:
         return None
+    codes = _grad_codes
+    if not codes:
+        codes.update({torch.float16: 9, torch.bfloat16: 10, torch.float32: 11, torch.float64: 12})
     jobs = []
     with _plain(torch, grads):
         for g in grads:
             if type(g) is not torch.Tensor or not g.is_cpu or g.layout is not torch.strided:
                 return None
-            code = _GRAD_CODES.get(str(g.dtype).rpartition(".")[2])
+            code = codes.get(g.dtype)
             if code is None or not g.is_contiguous() or g.is_neg() or g.is_conj():
                 return None
             jobs.append((g.data_ptr(), code, g.numel()))
