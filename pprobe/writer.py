@@ -592,6 +592,13 @@ def _texts(pa: Any, np: Any, vals: list) -> Any:
     n = len(vals)
     if vals.count(None) == n:
         return _nulls(pa, n, pa.string())
+    v0 = vals[0]
+    if type(v0) is str and vals.count(v0) == n:  # one value repeated (run_id, a metric's name)
+        e0 = v0.encode("utf-8", "replace")
+        if len(e0) * n < 1 << 31:
+            offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(e0))
+            bufs = [None, pa.py_buffer(offsets), pa.py_buffer(e0 * n)]
+            return pa.Array.from_buffers(pa.string(), n, bufs)
     enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
     data = b"".join(enc)
     large = len(data) >= 1 << 31

@@ -18,6 +18,7 @@ registration.
 from __future__ import annotations
 
 import numbers
+import operator
 import os
 import re
 import sys
@@ -293,14 +294,15 @@ def _kind(v: Any) -> str:
     return "list"
 
 
-def _array(pa: Any, np: Any, vals: list[Any]) -> Any:
+def _array(pa: Any, np: Any, vals: list[Any], types: set[type] | None = None) -> Any:
     """An Arrow array of plain values, its type inferred: bool, int64, float64 (ints and
     floats mixed), string, binary, list<...> (recursively), null (all None); any other mix
     becomes string. Built from buffers: ``pa.array`` imports pandas into the program."""
     from ..writer import _bools, _ints, _nulls, _texts
 
     n = len(vals)
-    types = set(map(type, vals))
+    if types is None:
+        types = set(map(type, vals))
     if types == {float} or types == {int}:  # the common case, without a Python loop
         try:
             data = np.array(vals, dtype=np.float64 if float in types else np.int64)
@@ -358,20 +360,30 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
 
     with state.internal():
         keys0 = rows[0].keys() if rows else {}.keys()
-        if all(r.keys() == keys0 for r in rows):  # the common case: every row has the same columns
-            names: dict[str, None] = dict.fromkeys(c for c in first if c in keys0)
-            names.update(dict.fromkeys(keys0))
-        else:
+        names: dict[str, None] = dict.fromkeys(c for c in first if c in keys0)
+        names.update(dict.fromkeys(keys0))
+        columns: Any = None
+        # the common case, every row with the same columns: as many keys in each row, and
+        # each row has every name (itemgetter raises KeyError otherwise); transposed in C
+        if len(names) > 1 and set(map(len, rows)) == {len(names)}:
+            try:
+                columns = zip(*map(operator.itemgetter(*names), rows))
+            except KeyError:
+                columns = None
+        if columns is None:
             names = dict.fromkeys(c for c in first if any(c in r for r in rows))
             for r in rows:
                 for k in r:
                     names.setdefault(k, None)
+            columns = ([r.get(c) for r in rows] for c in names)
         cols = []
-        for c in names:
-            vals = [r.get(c) for r in rows]
-            if not set(map(type, vals)) <= _PLAIN:
+        for col in columns:
+            vals = list(col)
+            types = set(map(type, vals))
+            if not types <= _PLAIN:
                 vals = [_norm(v) for v in vals]
-            cols.append(_array(pa, np, vals))
+                types = set(map(type, vals))
+            cols.append(_array(pa, np, vals, types))
         std = {"run_id": pa.string(), "pid": pa.int64(), "rank": pa.int64(),
                "step": pa.int64(), "ts_ns": pa.int64()}  # fmt: skip
         cols = [
@@ -529,31 +541,59 @@ def sample(reason: str = "demand") -> None:
 
 
 def _drain() -> None:
-    """Turn the sampled values waiting in ``_raw`` into rows of ``pending`` (and the taps)."""
+    """Turn the sampled values waiting in ``_raw`` into rows of ``pending``: one hand-off
+    per table for the whole batch. The exporters' taps still get each sampled step's rows
+    apart (a step's tables, then its metrics), as :func:`_add_rows` gives them."""
     with _lock:
         if not _raw:
             return
         batch = list(_raw)
         _raw.clear()
-    std = _std()
+    std0 = _std()
+    run_id, pid = std0["run_id"], std0["pid"]
+    tapped = list(taps)
+    out: dict[str, list[dict[str, Any]]] = {}
+    str_keys: set[tuple[Any, ...]] = set()  # key sets checked (all str) in this drain
     for step, rank, ts_ns, got_all in batch:
-        std = {**std, "step": step, "rank": rank, "ts_ns": ts_ns}
-        metrics = []
+        marks = {t: len(v) for t, v in out.items()} if tapped else None
         for s, got in got_all:
             if s.kind == "metric":
-                row = dict(std)
-                row["name"] = s.name
-                row["value"] = got
-                metrics.append(row)
+                row = {"run_id": run_id, "pid": pid, "rank": rank, "step": step,
+                       "ts_ns": ts_ns, "name": s.name, "value": got}  # fmt: skip
+                rows_m = out.get("metrics")
+                if rows_m is None:
+                    rows_m = out["metrics"] = []
+                rows_m.append(row)
                 continue
+            dest = out.get(s.name)
+            if dest is None:
+                dest = out[s.name] = []
+            std = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
+            if type(got) is dict:  # the common case: one row, its keys seen before
+                keys = tuple(got)
+                if keys in str_keys:
+                    std.update(got)  # the user's column wins over pprobe's
+                    dest.append(std)
+                    continue
+                if all(type(k) is str for k in keys):
+                    str_keys.add(keys)
             try:
                 rows = _rows_of(s.name, got)
             except Exception as e:
                 note_failure(s.what, s, e)
                 continue
-            _add(s.name, rows, std)
-        if metrics:
-            _add_rows("metrics", metrics)
+            dest.extend([{**std, **r} for r in rows])
+        if marks is not None:
+            order = [t for t in out if t != "metrics"] + (["metrics"] if "metrics" in out else [])
+            for t in order:
+                new = out[t][marks.get(t, 0) :]
+                if new:
+                    for tap in tapped:
+                        tap(t, new)
+    with _lock:
+        for table, rows in out.items():
+            if rows:
+                pending.setdefault(table, []).extend(rows)
 
 
 def on_step(old: int, new: int) -> None:
