@@ -555,20 +555,16 @@ def _drain() -> None:
     out: dict[str, list[dict[str, Any]]] = {}
     str_keys: set[tuple[Any, ...]] = set()  # key sets checked (all str) in this drain
     for step, rank, ts_ns, got_all in batch:
-        marks = {t: len(v) for t, v in out.items()} if tapped else None
+        here: dict[str, list[dict[str, Any]]] = {}  # this step's rows, by table
+        metrics = []
         for s, got in got_all:
-            if s.kind == "metric":
-                row = {"run_id": run_id, "pid": pid, "rank": rank, "step": step,
-                       "ts_ns": ts_ns, "name": s.name, "value": got}  # fmt: skip
-                rows_m = out.get("metrics")
-                if rows_m is None:
-                    rows_m = out["metrics"] = []
-                rows_m.append(row)
-                continue
-            dest = out.get(s.name)
-            if dest is None:
-                dest = out[s.name] = []
             std = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
+            if s.kind == "metric":
+                std["name"] = s.name
+                std["value"] = got
+                metrics.append(std)
+                continue
+            dest = here.setdefault(s.name, [])
             if type(got) is dict:  # the common case: one row, its keys seen before
                 keys = tuple(got)
                 if keys in str_keys:
@@ -583,17 +579,16 @@ def _drain() -> None:
                 note_failure(s.what, s, e)
                 continue
             dest.extend([{**std, **r} for r in rows])
-        if marks is not None:
-            order = [t for t in out if t != "metrics"] + (["metrics"] if "metrics" in out else [])
-            for t in order:
-                new = out[t][marks.get(t, 0) :]
-                if new:
-                    for tap in tapped:
-                        tap(t, new)
+        if metrics:
+            here.setdefault("metrics", []).extend(metrics)
+        for table, rows in here.items():
+            if rows:
+                out.setdefault(table, []).extend(rows)
+                for tap in tapped:
+                    tap(table, rows)
     with _lock:
         for table, rows in out.items():
-            if rows:
-                pending.setdefault(table, []).extend(rows)
+            pending.setdefault(table, []).extend(rows)
 
 
 def on_step(old: int, new: int) -> None:
