@@ -328,3 +328,66 @@ def test_register_table_dataframe_as_given_and_replaced(tmp_path: Path) -> None:
     ).check()
     got = sql(r.run_dir, "SELECT * EXCLUDE (run_id, pid, rank, step, ts_ns) FROM python.frame")
     assert got == [{"id": 7, "name": "x"}]
+
+
+# ---------------------------------------------------------------- the flush's column way
+def _rows_way(batch: list) -> dict[str, pa.Table]:
+    """What the rows way (``_drain`` then ``build_table``) makes of sampled values."""
+    tables.clear_rows()
+    tables._raw.extend(batch)
+    tables._drain()
+    got = {t: tables.build_table(r, list(tables.STD_COLUMNS)) for t, r in tables.pending.items()}
+    tables.clear_rows()
+    return got
+
+
+def _columns_way(batch: list) -> dict[str, pa.Table]:
+    """What the flush makes of them without taps: whole columns, the rest through rows."""
+    tables.clear_rows()
+    got = tables._columns_of(list(batch))
+    for t, r in tables.pending.items():
+        assert t not in got
+        got[t] = tables.build_table(r, list(tables.STD_COLUMNS))
+    tables.clear_rows()
+    return got
+
+
+def _src(kind: str, name: str) -> tables.Source:
+    return tables.Source(kind, name, lambda: None)
+
+
+def _batches() -> dict[str, list]:
+    import numpy as np
+
+    st, m1, m2 = _src("table", "state"), _src("metric", "loss"), _src("metric", "lr")
+    other = _src("table", "other")
+    same = [(s, 7 if s % 2 else None, 1000 + s,
+             [(st, {"loss": s / 3, "n": s, "tag": f"t{s % 2}"}), (m1, s * 0.5), (m2, None)])
+            for s in range(6)]  # fmt: skip
+    return {
+        "same sources every step": same,
+        "one source, one key": [(s, None, s, [(st, {"x": s})]) for s in range(4)],
+        "a user column named like pprobe's": [
+            (s, 0, s, [(st, {"step": 100 + s, "a": 1.5})]) for s in range(3)
+        ],
+        "numpy values and an empty row": [
+            (s, 0, s, [(st, {"v": np.float32(s), "w": np.arange(2) + s}), (other, {})])
+            for s in range(3)
+        ],
+        "keys that change": [(0, 0, 0, [(st, {"a": 1})]), (1, 0, 1, [(st, {"a": 2, "b": "x"})])],
+        "a list of rows and a metric": [
+            (s, 0, s, [(st, [{"i": s}, {"i": -s}]), (m1, float(s))]) for s in range(3)
+        ],
+        "a source missing at one step": [same[0], (9, 7, 9, [(m2, 2.0)]), same[2]],
+        "int keys": [(0, 0, 0, [(st, {1: "a"})]), (1, 0, 1, [(st, {1: "b"})])],
+    }
+
+
+@pytest.mark.parametrize("case", list(_batches()))
+def test_the_column_way_makes_the_tables_the_rows_way_makes(case: str) -> None:
+    batch = _batches()[case]
+    rows, cols = _rows_way(batch), _columns_way(batch)
+    assert sorted(rows) == sorted(cols)
+    for t in rows:
+        assert cols[t].schema == rows[t].schema, (t, cols[t].schema, rows[t].schema)
+        assert cols[t].to_pylist() == rows[t].to_pylist(), t

@@ -376,21 +376,31 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
                 for k in r:
                     names.setdefault(k, None)
             columns = ([r.get(c) for r in rows] for c in names)
-        cols = []
-        for col in columns:
-            vals = list(col)
+        return _from_columns(pa, np, list(names), columns, len(rows))
+
+
+def _from_columns(pa: Any, np: Any, names: list[str], columns: Any, n: int) -> Any:
+    """Columns of plain values (one iterable per name) -> an Arrow table, types inferred."""
+    cols = []
+    for col in columns:
+        vals = list(col)
+        types = set(map(type, vals))
+        if not types <= _PLAIN:
+            vals = [_norm(v) for v in vals]
             types = set(map(type, vals))
-            if not types <= _PLAIN:
-                vals = [_norm(v) for v in vals]
-                types = set(map(type, vals))
-            cols.append(_array(pa, np, vals, types))
-        std = {"run_id": pa.string(), "pid": pa.int64(), "rank": pa.int64(),
-               "step": pa.int64(), "ts_ns": pa.int64()}  # fmt: skip
-        cols = [
-            pa.nulls(len(rows), std[c]) if c in std and pa.types.is_null(a.type) else a
-            for c, a in zip(names, cols)
-        ]
-        return pa.Table.from_arrays(cols, names=list(names))
+        cols.append(_array(pa, np, vals, types))
+    cols = [
+        pa.nulls(n, getattr(pa, _STD_TYPES[c])())
+        if c in _STD_TYPES and pa.types.is_null(a.type)
+        else a
+        for c, a in zip(names, cols)
+    ]
+    return pa.Table.from_arrays(cols, names=names)
+
+
+#: The standard columns' types, when a column has no value (all null) to infer one from.
+_STD_TYPES = {"run_id": "string", "pid": "int64", "rank": "int64", "step": "int64",
+              "ts_ns": "int64"}  # fmt: skip
 
 
 def unify_types(a: Any, b: Any) -> Any:
@@ -540,15 +550,20 @@ def sample(reason: str = "demand") -> None:
             _raw.append(item)
 
 
+def _take_raw() -> list[tuple[int, Any, int, list[tuple[Source, Any]]]]:
+    with _lock:
+        batch = list(_raw)
+        _raw.clear()
+    return batch
+
+
 def _drain() -> None:
     """Turn the sampled values waiting in ``_raw`` into rows of ``pending``: one hand-off
     per table for the whole batch. The exporters' taps still get each sampled step's rows
     apart (a step's tables, then its metrics), as :func:`_add_rows` gives them."""
-    with _lock:
-        if not _raw:
-            return
-        batch = list(_raw)
-        _raw.clear()
+    batch = _take_raw()
+    if not batch:
+        return
     std0 = _std()
     run_id, pid = std0["run_id"], std0["pid"]
     tapped = list(taps)
@@ -589,6 +604,121 @@ def _drain() -> None:
     with _lock:
         for table, rows in out.items():
             pending.setdefault(table, []).extend(rows)
+
+
+def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> dict[str, Any]:
+    """The flush's way from sampled values to Arrow tables when no tap wants rows: one
+    Arrow table per table for the whole batch, built column by column, with no dict per row.
+
+    A ``@table`` whose every sample is one dict with the same (str) keys is transposed at
+    once; any other table (lists of rows, frames, changing keys) goes through rows into
+    ``pending``, as :func:`_drain` makes them. Metrics always take the column way. The
+    tables and their rows are the ones :func:`_drain` and :func:`build_table` would make."""
+    import numpy as np
+    import pyarrow as pa
+
+    std0 = _std()
+    run_id, pid = std0["run_id"], std0["pid"]
+    per: dict[str, tuple[list[Any], ...]] = {}  # table -> steps, ranks, ts_ns, values, sources
+    metrics: tuple[list[Any], ...] = ([], [], [], [], [])  # the same, names for sources
+    steps, ranks, tss, alls = (list(c) for c in zip(*batch))
+    n_steps = len(steps)
+    by_source = _by_source(alls)
+    k = 0  # metrics sampled at every step of the batch, source after source
+    if by_source is not None:  # the same sources at every step: whole columns at once
+        for src, values in by_source:
+            if src.kind == "metric":
+                k += 1
+                for col, part in zip(metrics, (steps, ranks, tss, values, [src.name] * n_steps)):
+                    col.extend(part)
+            else:
+                per[src.name] = (steps, ranks, tss, values, [src] * n_steps)
+    else:
+        for step, rank, ts_ns, got_all in batch:
+            for src, got in got_all:
+                e: tuple[list[Any], ...] | None
+                if src.kind == "metric":
+                    e = metrics
+                    got_or_name: Any = src.name
+                else:
+                    e = per.get(src.name)
+                    if e is None:
+                        e = per[src.name] = ([], [], [], [], [])
+                    got_or_name = src
+                e[0].append(step)
+                e[1].append(rank)
+                e[2].append(ts_ns)
+                e[3].append(got)
+                e[4].append(got_or_name)
+    out: dict[str, Any] = {}
+    rows_out: dict[str, list[dict[str, Any]]] = {}
+    for name, (steps, ranks, tss, gots, srcs) in per.items():
+        n = len(gots)
+        keys = tuple(gots[0]) if type(gots[0]) is dict else None
+        if (
+            keys is not None
+            and all(type(k) is str for k in keys)
+            and set(map(type, gots)) == {dict}
+            and set(map(tuple, gots)) == {keys}
+        ):
+            user: Any = ()
+            if len(keys) == 1:
+                user = [list(map(operator.itemgetter(keys[0]), gots))]
+            elif keys:
+                user = zip(*map(operator.itemgetter(*keys), gots))
+            std = {"run_id": [run_id] * n, "pid": [pid] * n, "rank": ranks, "step": steps,
+                   "ts_ns": tss}  # fmt: skip
+            names = [*STD_COLUMNS, *(k for k in keys if k not in std)]
+            std.update(zip(keys, user))  # the user's column wins over pprobe's, in its place
+            out[name] = _from_columns(pa, np, names, [std[c] for c in names], n)
+            continue
+        rows: list[dict[str, Any]] = []
+        for step, rank, ts_ns, got, s in zip(steps, ranks, tss, gots, srcs):
+            try:
+                got_rows = _rows_of(name, got)
+            except Exception as e:
+                note_failure(s.what, s, e)
+                continue
+            std1 = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
+            rows.extend([{**std1, **r} for r in got_rows])
+        if rows:
+            rows_out[name] = rows
+    if metrics[0]:
+        m = len(metrics[0])
+        cols: list[Any] = list(metrics)  # steps, ranks, ts_ns, values, names
+        if k > 1:  # source after source -> step after step, as the rows are sampled (no
+            # pyarrow.compute: its import registers an atexit function, refused at exit)
+            order = operator.itemgetter(*np.arange(m).reshape(k, n_steps).T.ravel().tolist())
+            cols = [order(c) for c in cols]
+        m_steps, m_ranks, m_ts, m_values, m_names = cols
+        out["metrics"] = _from_columns(
+            pa, np, [*STD_COLUMNS, "name", "value"],
+            [[run_id] * m, [pid] * m, m_ranks, m_steps, m_ts, m_names, m_values], m,
+        )  # fmt: skip
+    if rows_out:
+        with _lock:
+            for table, rows in rows_out.items():
+                pending.setdefault(table, []).extend(rows)
+    return out
+
+
+def _by_source(alls: list[list[tuple[Source, Any]]]) -> list[tuple[Source, list[Any]]] | None:
+    """Sampled values as one column per source, when every step sampled the same sources in
+    the same order (the common case); else None."""
+    width = len(alls[0])
+    if not width or set(map(len, alls)) != {width}:
+        return None
+    out = []
+    for j in range(width):
+        col = list(map(operator.itemgetter(j), alls))
+        srcs = list(map(_FIRST, col))
+        if len(set(map(id, srcs))) != 1:
+            return None
+        out.append((srcs[0], list(map(_SECOND, col))))
+    return out
+
+
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def on_step(old: int, new: int) -> None:
@@ -764,14 +894,27 @@ def _host(session: Any) -> str:
 
 
 def flush() -> None:
-    """Write every pending row (this process's shards); without a run, keep them in memory."""
-    _drain()
+    """Write every pending row (this process's shards); without a run, keep them in memory.
+
+    Sampled values go straight to Arrow columns (:func:`_columns_of`) when the run records
+    them and no exporter taps rows; otherwise they become rows first (:func:`_drain`)."""
+    s = _session()
+    built: dict[str, Any] = {}
+    if s is not None and not taps:
+        batch = _take_raw()
+        if batch:
+            with state.internal():
+                try:
+                    built = _columns_of(batch)
+                except Exception as e:
+                    _report.internal_error("writing the python tables", e)
+    else:
+        _drain()
     with _lock:
         todo = {k: v for k, v in pending.items() if v}
         pending.clear()
-    if not todo:
+    if not todo and not built:
         return
-    s = _session()
     if s is None:
         with _lock:
             for t, rows in todo.items():
@@ -780,9 +923,14 @@ def flush() -> None:
                 del kept[: max(0, len(kept) - MEMORY_ROWS)]
         return
     with state.internal(), _write_lock:
-        for t, rows in todo.items():
+        for t, rows in todo.items():  # rows made before ``built``'s values were sampled
             try:
                 _append(s, t, build_table(rows, list(STD_COLUMNS)))
+            except Exception as e:
+                _report.internal_error(f"writing python.{t}", e)
+        for t, tbl in built.items():
+            try:
+                _append(s, t, tbl)
             except Exception as e:
                 _report.internal_error(f"writing python.{t}", e)
 
