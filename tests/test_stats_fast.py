@@ -280,3 +280,37 @@ def test_statistics_of_200_mb_arrays_and_tensors_use_bounded_memory(tmp_path: Pa
     assert [x["nan_count"] for x in np_sums[1:]] == [int(a.sum()), int(a[::-3].sum())]
     for x in t_sums[1:] + np_sums[1:]:
         assert x["min"] == x["max"] == x["mean"] == 1.0 and x["std"] == 0.0
+
+
+def _runs() -> list[np.ndarray]:
+    """Contiguous float32/float64 arrays for the vector path (runs of up to 2048 values read
+    straight from memory, 8 lanes, a scalar tail): lengths around the lane and run sizes,
+    NaN and inf in the first run, in a later run's middle and in the tail, -0.0, extremes."""
+    rng = np.random.default_rng(11)
+    out = []
+    for dt in (np.float32, np.float64):
+        for n in (1, 7, 8, 9, 2047, 2048, 2049, 4100):
+            out.append((rng.standard_normal(n) * 1e3 + 5).astype(dt))
+        a = (rng.standard_normal(4100) * 10).astype(dt)
+        for at, v in ((3, np.nan), (2500, np.inf), (4099, -np.inf), (4098, np.nan)):
+            a = a.copy()
+            a[at] = v
+            out.append(a)
+        ext = np.array([np.finfo(dt).max, -np.finfo(dt).max, -0.0, 0.0, np.finfo(dt).tiny] * 5,
+                       dtype=dt)  # fmt: skip
+        out += [ext, np.full(33, 3.25, dtype=dt), np.full(40, np.nan, dtype=dt)]
+        out.append(rng.standard_normal((3, 700)).astype(dt)[:, 5:])  # rows of a 2-d slice
+    return out
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native statistics")
+@pytest.mark.parametrize("i", range(len(_runs())))
+def test_native_stats_of_contiguous_float_runs_equal_numpys(i: int) -> None:
+    from pprobe import _dumpio
+
+    a = _runs()[i]
+    from pprobe.interceptors import torch_values as tv
+
+    close(_dumpio.stats(a), expected(a), (a.dtype, a.shape))
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    close(tv.native_cpu_stats(t), expected(a), "a tensor, read from its memory")
