@@ -23,8 +23,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
 
-#define DUMPIO_API 3
+#define DUMPIO_API 4
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -33,6 +35,7 @@ typedef struct Job {
     char *link;  /* NULL: write data; else an existing file to hard-link */
     char *data;  /* header + array bytes */
     size_t len;
+    int pack;    /* append to this process's pack (pprobe/packs.py) instead of a file */
 } Job;
 
 typedef struct Failure {
@@ -52,6 +55,112 @@ static int dirfd_ = -1;
 static int running = 0, stopping = 0, idle = 0;
 static pthread_t thread;
 static Failure *failures = NULL;
+
+/* ------------------------------------------------------------------ packs (pprobe/packs.py)
+ * Small dumps are appended to <run>/.packs/{host}-{pid}-{k}.npk, one entry each: a 24-byte
+ * header (b"PPKE", version 1, kind 0 data / 1 alias, u16 name length, u64 payload length,
+ * crc32 of those 16 bytes + name + payload, u32 0), the seed name, the payload. Only the
+ * worker thread touches the pack. */
+#define PACK_MAX (1ull << 30)
+static int pack_fd = -1;      /* worker only */
+static uint64_t pack_size = 0; /* worker only */
+static unsigned pack_k = 0;    /* worker only */
+static unsigned pack_gen = 0;  /* the dirfd generation the pack was opened for */
+static unsigned dir_gen = 0;   /* bumped by open() (with mu held) */
+static char pack_host[72] = "host";
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+}
+
+/* zlib's crc32: crc32(crc, p, n) continues crc */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n) {
+    crc = ~crc;
+    while (n--) crc = crc_table[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* create this process's next pack; the fd or -1 with errno set */
+static int open_pack(int dfd) {
+    if (mkdirat(dfd, ".packs", 0700) < 0 && errno != EEXIST) return -1;
+    int pd = openat(dfd, ".packs", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (pd < 0) return -1;
+    int fd = -1;
+    char name[160];
+    for (int tries = 0; tries < 1 << 20; tries++) {
+        snprintf(name, sizeof name, "%s-%ld-%u.npk", pack_host, (long)getpid(), pack_k++);
+        fd = openat(pd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_APPEND,
+                    0600);
+        if (fd >= 0 || errno != EEXIST) break;
+    }
+    int e = errno;
+    close(pd);
+    errno = e;
+    return fd;
+}
+
+/* Append one entry (kind 0: data, 1: alias) to the pack; 0 or an errno. A failed append is
+ * cut off (or the pack given up) so that no partial entry precedes later ones. */
+static int append_entry(int dfd, unsigned gen, int kind, const char *name, const char *payload,
+                        size_t plen) {
+    if (pack_fd >= 0 && (gen != pack_gen || pack_size >= PACK_MAX)) {
+        close(pack_fd);
+        pack_fd = -1;
+    }
+    if (pack_fd < 0) {
+        pack_fd = open_pack(dfd);
+        if (pack_fd < 0) return errno ? errno : EIO;
+        pack_size = 0;
+        pack_gen = gen;
+    }
+    size_t nl = strlen(name);
+    unsigned char head[24];
+    memcpy(head, "PPKE", 4);
+    head[4] = 1;
+    head[5] = (unsigned char)kind;
+    put_le(head + 6, nl, 2);
+    put_le(head + 8, plen, 8);
+    uint32_t crc = crc32_update(0, head, 16);
+    crc = crc32_update(crc, (const unsigned char *)name, nl);
+    crc = crc32_update(crc, (const unsigned char *)payload, plen);
+    put_le(head + 16, crc, 4);
+    put_le(head + 20, 0, 4);
+    struct iovec iov[3] = {{head, 24}, {(void *)name, nl}, {(void *)payload, plen}};
+    int cnt = plen ? 3 : 2, i = 0;
+    size_t left = 24 + nl + plen;
+    while (left) {
+        ssize_t w = writev(pack_fd, iov + i, cnt - i);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
+            if (ftruncate(pack_fd, (off_t)pack_size) < 0) {
+                close(pack_fd);
+                pack_fd = -1;
+            }
+            return err;
+        }
+        left -= (size_t)w;
+        while (i < cnt && (size_t)w >= iov[i].iov_len) {
+            w -= (ssize_t)iov[i].iov_len;
+            i++;
+        }
+        if (i < cnt) {
+            iov[i].iov_base = (char *)iov[i].iov_base + w;
+            iov[i].iov_len -= (size_t)w;
+        }
+    }
+    pack_size += 24 + nl + plen;
+    return 0;
+}
 
 static void free_job(Job *j) {
     free(j->name);
@@ -111,9 +220,14 @@ static void *worker(void *unused) {
         if (!q_head) break; /* stopping and drained */
         Job *j = q_head;
         int dfd = dirfd_;
+        unsigned gen = dir_gen;
         pthread_mutex_unlock(&mu);
         int err;
-        if (j->link)
+        if (j->pack && j->link)
+            err = append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link));
+        else if (j->pack)
+            err = append_entry(dfd, gen, 0, j->name, j->data, j->len);
+        else if (j->link)
             err = linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0;
         else
             err = write_file(dfd, j->name, j->data, j->len);
@@ -185,6 +299,9 @@ static void atfork_child(void) {
         f = n;
     }
     failures = NULL;
+    if (pack_fd >= 0) close(pack_fd); /* the parent's pack: the child starts its own */
+    pack_fd = -1;
+    pack_k = 0;
     q_head = q_tail = NULL;
     q_bytes = 0;
     n_submitted = n_completed = n_files = n_links = n_failed = bytes_written = 0;
@@ -218,6 +335,7 @@ static PyObject *dq_open(PyObject *self, PyObject *args) {
     pthread_mutex_lock(&mu);
     int old = dirfd_;
     dirfd_ = d;
+    dir_gen++;
     q_max = maxb > 0 ? (size_t)maxb : 1;
     pthread_mutex_unlock(&mu);
     if (old >= 0) close(old);
@@ -241,19 +359,42 @@ static int enqueue(Job *j) {
 
 static inline int has_room(size_t need) { return !q_head || q_bytes + need <= q_max; }
 
-/* submit(name, header: bytes, data: buffer | None, link: str | None, wait: bool) -> bool
+/* set_host(host): the host part of this process's pack names (a safe file-name part) */
+static PyObject *dq_set_host(PyObject *self, PyObject *arg) {
+    Py_ssize_t n;
+    const char *c = PyUnicode_Check(arg) ? PyUnicode_AsUTF8AndSize(arg, &n) : NULL;
+    if (!c) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "set_host(str)");
+        return NULL;
+    }
+    if (!n || n >= (Py_ssize_t)sizeof pack_host || memchr(c, '/', (size_t)n) ||
+        (Py_ssize_t)strlen(c) != n) {
+        PyErr_SetString(PyExc_ValueError, "set_host: a short file-name part");
+        return NULL;
+    }
+    pthread_mutex_lock(&mu);
+    memcpy(pack_host, c, (size_t)n + 1);
+    pthread_mutex_unlock(&mu);
+    Py_RETURN_NONE;
+}
+
+/* submit(name, header: bytes, data: buffer | None, link: str | None, wait: bool[, pack: bool])
+ * -> bool; pack: append to the process's pack (data), or an alias entry there (link)
  * Queue one file. data's bytes are copied now (C order). False: the queue is full and
  * wait is false (nothing queued). A job larger than the queue is taken when the queue is
  * empty, so memory stays within max(queue size, one array). */
 static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if (n != 5 || !PyUnicode_Check(a[0]) || !PyBytes_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "submit(name, header, data, link, wait)");
+    if ((n != 5 && n != 6) || !PyUnicode_Check(a[0]) || !PyBytes_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError, "submit(name, header, data, link, wait[, pack])");
         return NULL;
     }
     int wait = PyObject_IsTrue(a[4]);
     if (wait < 0) return NULL;
+    int pack = n == 6 ? PyObject_IsTrue(a[5]) : 0;
+    if (pack < 0) return NULL;
     Job *j = calloc(1, sizeof(Job));
     if (!j) return PyErr_NoMemory();
+    j->pack = pack;
     j->name = dup_utf8(a[0]);
     if (!j->name) goto fail;
     if (a[3] != Py_None) {
@@ -1152,6 +1293,7 @@ static PyMethodDef methods[] = {
     {"open", dq_open, METH_VARARGS, "open(dirfd, max_bytes): the run folder and queue size"},
     {"submit", (PyCFunction)(void (*)(void))dq_submit, METH_FASTCALL,
      "submit(name, header, data, link, wait) -> queued"},
+    {"set_host", dq_set_host, METH_O, "set_host(host): the host part of the pack names"},
     {"ticket", dq_ticket, METH_NOARGS, "jobs submitted so far"},
     {"wait", dq_wait, METH_VARARGS, "wait(ticket, timeout) -> every job up to ticket done"},
     {"failures", dq_failures, METH_NOARGS, "[(name, errno, message)] since the last call"},
@@ -1175,6 +1317,7 @@ PyMODINIT_FUNC PyInit__dumpio(void) {
     if (!forked) {
         if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child)) return NULL;
         forked = 1;
+        crc_init();
     }
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;

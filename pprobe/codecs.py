@@ -234,7 +234,13 @@ def decode(data: bytes | memoryview) -> np.ndarray:
 
 def load(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
     """A dump file as its array: a .npy file is read by NumPy (memory-mapped with ``mmap``),
-    any other is decoded by the codec its header names."""
+    any other is decoded by the codec its header names. A name that is not a file is looked up
+    in its folder's packs (small dumps, pprobe.packs); ``mmap`` does not apply to those."""
+    packed = _packed(path)
+    if packed is not None:
+        if packed[:6] == NPY_MAGIC:
+            return np.load(io.BytesIO(packed), allow_pickle=False)  # type: ignore[no-any-return]
+        return decode(packed)
     with open(path, "rb") as f:
         start = f.read(8)
         if start[:6] == NPY_MAGIC:
@@ -244,8 +250,40 @@ def load(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
     return decode(data)
 
 
+def _packed(path: str | os.PathLike) -> bytes | None:
+    """The bytes of a dump held in a pack (pprobe.packs): ``path`` is not a file."""
+    if os.path.isfile(path):
+        return None
+    from . import packs
+
+    return packs.read(path)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a dump, from its file or its folder's packs (FileNotFoundError: neither)."""
+    packed = _packed(path)
+    if packed is not None:
+        return packed
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def exists(path: str | os.PathLike) -> bool:
+    """Whether a dump can be read: a file, or an entry of its folder's packs."""
+    if os.path.isfile(path):
+        return True
+    from . import packs
+
+    folder, name = os.path.split(os.fspath(path))
+    return packs.find(folder or ".", name) is not None or packs.read(path) is not None
+
+
 def codec_of(path: str | os.PathLike) -> str:
     """The codec a dump file was written with (``npy`` for a .npy file)."""
+    packed = _packed(path)
+    if packed is not None:
+        head = header(packed[: 1 << 16])
+        return "npy" if head is None else str(head["codec"])
     with open(path, "rb") as f:
         start = f.read(1 << 16)
     head = header(start)

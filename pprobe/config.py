@@ -451,6 +451,16 @@ SETTINGS: tuple[Setting, ...] = (
         "with pprobe.codecs.register. See docs/codecs.md.",
     ),
     Setting(
+        "dump_pack",
+        "PPROBE_DUMP_PACK",
+        64 * 1024,
+        _size,
+        "Dumps of at most this many bytes (.npy header + data) are appended to one pack file "
+        "per process (<run>/.packs/*.npk) instead of one file each; rows keep the file name "
+        "and pprobe.load / `pprobe export --npy` read them. 0: every dump is its own file. "
+        "Ignored (files) with PPROBE_DUMP_KEEP=steps:K and PPROBE_ON_NAN=dump. docs/output.md.",
+    ),
+    Setting(
         "dump_keep",
         "PPROBE_DUMP_KEEP",
         0,
@@ -801,6 +811,7 @@ class Config:
     dump_queue: int = 32 * 1024**2
     dump_full: str = "wait"
     dump_codec: str = "npy"
+    dump_pack: int = 64 * 1024
     dump_keep: int = 0
     stack_depth: int = 3
     include: tuple[str, ...] = ()

@@ -169,15 +169,37 @@ class PyQueue:
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.dirfd = getattr(self, "dirfd", -1)
+        # The pack this process appends small dumps to (pprobe.packs); a forked child starts
+        # its own (its pid is in the name) and never appends to its parent's.
+        old_fd = getattr(self, "_pack_fd", -1)
+        if old_fd >= 0:
+            try:
+                os.close(old_fd)
+            except OSError:
+                pass
+        self._pack_fd = -1
+        self._pack_size = 0
+        self._pack_k = 0
+        self._pack_gen = -1
+        self._gen = getattr(self, "_gen", 0)
+        self.host = getattr(self, "host", "host")
 
     def open(self, dirfd: int, max_bytes: int) -> None:
-        self.dirfd = dirfd
-        self.max = max(1, max_bytes)
+        with self.cond:
+            self.dirfd = dirfd
+            self.max = max(1, max_bytes)
+            self._gen += 1
+
+    def set_host(self, host: str) -> None:
+        """The host part of this process's pack names (``{host}-{pid}-{k}.npk``)."""
+        self.host = host
 
     def _room(self, need: int) -> bool:
         return not self.jobs or self.queued + need <= self.max
 
-    def submit(self, name: str, header: bytes, data: Any, link: str | None, wait: bool) -> bool:
+    def submit(
+        self, name: str, header: bytes, data: Any, link: str | None, wait: bool, pack: bool = False
+    ) -> bool:
         if not name or "/" in name or (link is not None and "/" in link):
             raise ValueError("a dump name is one non-empty path component")
         payload: Any
@@ -196,7 +218,7 @@ class PyQueue:
                     return False
                 while not self._room(size) and self._alive():
                     self.cond.wait(0.1)
-            self.jobs.append((name, link, payload, size))
+            self.jobs.append((name, link, payload, size, pack))
             self.queued += size
             self.submitted += 1
             if not self._alive():
@@ -219,17 +241,24 @@ class PyQueue:
                     self.cond.wait()
                 if not self.jobs:
                     return
-                name, link, payload, size = self.jobs[0]
+                name, link, payload, size, pack = self.jobs[0]
+                gen = self._gen
             err = None
             info = None
             try:
                 if link is not None:
-                    os.link(link, name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
+                    if pack:  # the first dump is in a pack: an alias entry names it
+                        self._append(gen, 1, name, link.encode("utf-8"))
+                    else:
+                        os.link(link, name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
                     info = self._first.get(link)
                 else:
                     if not isinstance(payload, bytes):
                         payload, info = self._encode(payload)
-                    _write_file(self.dirfd, name, payload)
+                    if pack:
+                        self._append(gen, 0, name, payload)
+                    else:
+                        _write_file(self.dirfd, name, payload)
             except OSError as e:
                 err = e
             with self.cond:
@@ -251,6 +280,32 @@ class PyQueue:
                     self.files += 1
                     self.written += len(payload)
                 self.cond.notify_all()
+
+    def _append(self, gen: int, kind: int, name: str, payload: bytes) -> None:
+        """Append one entry to this process's pack (the writer thread only)."""
+        from . import packs
+
+        if self._pack_fd >= 0 and (gen != self._pack_gen or self._pack_size >= packs.PACK_MAX):
+            os.close(self._pack_fd)
+            self._pack_fd = -1
+        if self._pack_fd < 0:
+            self._pack_fd = _open_pack(self.dirfd, self.host, self)
+            self._pack_size = 0
+            self._pack_gen = gen
+        bname = name.encode("utf-8")
+        head = packs.entry_head(kind, bname, payload)
+        total = len(head) + len(bname) + len(payload)
+        try:
+            _write_all(self._pack_fd, [head, bname, payload], total)
+        except OSError:
+            # Never leave a partial entry in front of later ones: cut it off, or start anew.
+            try:
+                os.ftruncate(self._pack_fd, self._pack_size)
+            except OSError:
+                os.close(self._pack_fd)
+                self._pack_fd = -1
+            raise
+        self._pack_size += total
 
     def _encode(self, a: Any) -> tuple[bytes, tuple]:
         """The dump's file bytes and (codec, max_abs_error, bytes), on the writer thread."""
@@ -307,6 +362,45 @@ class PyQueue:
             return None
 
 
+def _open_pack(dirfd: int, host: str, q: Any) -> int:
+    """Create this process's next pack, ``.packs/{host}-{pid}-{k}.npk`` (0600, O_EXCL)."""
+    from . import packs
+
+    try:
+        os.mkdir(packs.PACK_DIR, 0o700, dir_fd=dirfd)
+    except FileExistsError:
+        pass
+    flags = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
+    pdfd = os.open(packs.PACK_DIR, flags, dir_fd=dirfd)
+    try:
+        while True:
+            name = f"{host}-{os.getpid()}-{q._pack_k}{packs.SUFFIX}"
+            q._pack_k += 1
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
+                return os.open(name, flags | os.O_APPEND, 0o600, dir_fd=pdfd)
+            except FileExistsError:
+                if q._pack_k > 1 << 20:
+                    raise
+    finally:
+        os.close(pdfd)
+
+
+def _write_all(fd: int, parts: list, total: int) -> None:
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    done = 0
+    while done < total:
+        n = os.writev(fd, views)
+        if n == 0:
+            raise OSError(28, "No space left on device")
+        done += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
 def _write_file(dirfd: int, name: str, data: bytes) -> None:
     tmp = "." + name + ".tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
@@ -342,6 +436,7 @@ class NativeQueue:
         self.failures = mod.failures
         self.counters = mod.counters
         self.close = mod.close
+        self.set_host = mod.set_host
 
     def digest(self, a: Any) -> bytes | None:
         try:
@@ -387,6 +482,7 @@ class Dumper:
         keep: int = 0,
         hold: int = 0,
         host: str = "",
+        pack: int = 0,
     ) -> None:
         self.run_dir = run_dir
         self.budget = budget
@@ -416,6 +512,11 @@ class Dumper:
             from .dumpkeep import Ring
 
             self.ring = Ring(self, keep, hold, host or "host")
+        #: Dumps of at most this many bytes (header + data) go to this process's pack
+        #: (pprobe.packs); 0: every dump is its own file. The ring deletes old steps' files,
+        #: which a pack cannot give back: with a ring, dumps stay files.
+        self.pack = pack if self.ring is None else 0
+        self.io.set_host(_UNSAFE.sub("_", host or "host")[:64] or "host")
 
     def _reset(self) -> None:
         self._n = array("q", [0] * 6)  # the _Count attributes
@@ -574,11 +675,13 @@ class Dumper:
                 if len(self.seen) >= 1 << 16:
                     self.seen.clear()
                 self.seen[key] = name
+        # The same content has the same size: an alias goes where its first dump went.
+        pack = total <= self.pack
         if first is not None:
-            ok = self.io.submit(name, b"", None, first, self.wait_when_full)
+            ok = self.io.submit(name, b"", None, first, self.wait_when_full, pack)
         else:
             ok = self.io.submit(name, header, a if self.codec == "npy" else orig, None,
-                                self.wait_when_full)  # fmt: skip
+                                self.wait_when_full, pack)  # fmt: skip
         if not ok:
             with self.lock:
                 if first is None:

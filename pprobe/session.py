@@ -49,6 +49,7 @@ class Session:
                 keep=config.dump_keep,
                 hold=(config.dump_keep or 1) + 1 if config.on_nan == "dump" else 0,
                 host=self.run.host,
+                pack=config.dump_pack,
             )
             if config.mode == "dump"
             else None
