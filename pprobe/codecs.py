@@ -278,6 +278,19 @@ def exists(path: str | os.PathLike) -> bool:
     return packs.find(folder or ".", name) is not None or packs.read(path) is not None
 
 
+def stored_size(path: str | os.PathLike) -> int:
+    """The bytes a dump takes (its file's size, or its pack entry's payload); 0: not found."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        pass
+    from . import packs
+
+    folder, name = os.path.split(os.fspath(path))
+    e = packs.find(folder or ".", name)
+    return e.length if e is not None else 0
+
+
 def codec_of(path: str | os.PathLike) -> str:
     """The codec a dump file was written with (``npy`` for a .npy file)."""
     packed = _packed(path)

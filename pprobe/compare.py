@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import compare_metrics as cm
+from .codecs import exists as dump_exists
+from .codecs import stored_size
 
 #: A step longer than this (in ops, either run) is aligned on the rows whose keys disagree
 #: only, not on the whole step (difflib's matching is quadratic in the worst case).
@@ -79,7 +81,7 @@ class Tensor:
     stats: dict[str, Any]  # min, max, mean, std (None in log mode)
     nan: int | None
     inf: int | None
-    dump: str | None  # absolute path, where the file exists
+    dump: str | None  # absolute path (a file, or a name in the folder's packs)
     codec: str | None = None  # how the dump is stored (pprobe.codecs)
     codec_error: float = 0.0  # the max abs error its codec introduced (0: lossless)
 
@@ -593,8 +595,8 @@ def measure(
                 tr.a.dump
                 and tr.b.dump
                 and tr.a.shape == tr.b.shape
-                and os.path.exists(tr.a.dump)
-                and os.path.exists(tr.b.dump)
+                and dump_exists(tr.a.dump)
+                and dump_exists(tr.b.dump)
             ):
                 jobs.append(tr)
             elif tr.a.stats.get("min") is not None and tr.b.stats.get("min") is not None:
@@ -603,10 +605,7 @@ def measure(
         results.append(PairResult(p, trs))
 
     def size(tr: TensorResult) -> int:
-        try:
-            return sum(os.path.getsize(t.dump) for t in (tr.a, tr.b) if t and t.dump)
-        except OSError:
-            return 0
+        return sum(stored_size(t.dump) for t in (tr.a, tr.b) if t and t.dump)
 
     sizes = [size(tr) for tr in jobs]
     total = sum(sizes)

@@ -104,7 +104,8 @@ def dump_totals(meta: dict[str, Any], plist: list[dict[str, Any]]) -> dict[str, 
 
 def dumps_on_disk(run_dir: str) -> dict[str, int]:
     """files (distinct contents), links (further names of one) and bytes of the run's .npy
-    dumps, counted on disk: for a run whose metadata lags behind (live or killed)."""
+    dumps (files and pack entries, pprobe.packs), counted on disk: for a run whose metadata
+    lags behind (live or killed)."""
     seen: set[tuple[int, int]] = set()
     names = nbytes = 0
     try:
@@ -124,7 +125,14 @@ def dumps_on_disk(run_dir: str) -> dict[str, int]:
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
             nbytes += st.st_size
-    return {"files": len(seen), "links": names - len(seen), "bytes": nbytes}
+    from . import packs  # small dumps appended to the run's pack files
+
+    p = packs.stats(run_dir)
+    return {
+        "files": len(seen) + p["entries"],
+        "links": names - len(seen) + p["aliases"],
+        "bytes": nbytes + p["bytes"],
+    }
 
 
 def run_dumps(

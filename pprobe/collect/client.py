@@ -71,12 +71,12 @@ def encode_dump(path: str) -> tuple[str, bytes]:
     bytes are sent as they are and the collected file is the same file, which
     ``pprobe.load`` decodes alike; the name is ``codecs.codec_of(path)``, ``npy`` where
     pprobe.codecs is absent."""
-    with open(path, "rb") as f:
-        data = f.read()
     try:
         from .. import codecs  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
-        return "npy", data
+        with open(path, "rb") as f:
+            return "npy", f.read()
+    data = codecs.read_bytes(path)  # a file, or an entry of the run's packs
     try:
         return str(codecs.codec_of(path)), data
     except Exception:
