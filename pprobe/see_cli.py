@@ -82,8 +82,13 @@ def add_parser(sub: Any) -> None:
         help="write a run's views as Parquet (partitioned by rank and step) or CSV files",
     )
     p.add_argument("run", nargs="?", help="run folder or output folder (default: the latest run)")
-    p.add_argument("dir", metavar="DIR", help="folder to write into (created; must be empty)")
+    p.add_argument(
+        "dir", nargs="?", metavar="DIR", help="folder to write into (created; must be empty)"
+    )
     p.add_argument("--format", choices=("parquet", "csv"), default="parquet")
+    from . import dumpexport
+
+    dumpexport.add_arguments(p)
 
     p = sub.add_parser(
         "gc",
@@ -229,7 +234,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from . import export
+    from . import dumpexport, export
+
+    if args.npy is not None or not args.dir:
+        return dumpexport.main(args)
+    args.run = args.run or args.run_opt
 
     return export.main(args)
 
