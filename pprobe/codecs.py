@@ -26,6 +26,7 @@ import io
 import math
 import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -251,9 +252,13 @@ def load(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
 
 
 def _packed(path: str | os.PathLike) -> bytes | None:
-    """The bytes of a dump held in a pack (pprobe.packs): ``path`` is not a file."""
-    if os.path.isfile(path):
-        return None
+    """The bytes of a dump held in a pack (pprobe.packs): ``path`` is not a regular file (a
+    symlink planted at a packed dump's name does not shadow the packed dump)."""
+    try:
+        if stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        pass
     from . import packs
 
     return packs.read(path)

@@ -33,8 +33,11 @@ def clean_env(**extra: str | None) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        # PPROBE_CORE (the engine this test session runs) is passed on to the children
-        if k == "PPROBE_CORE" or not (k == "PPROBE" or k.startswith("PPROBE_")) and k not in _DROP
+        # PPROBE_CORE (the engine this test session runs) is passed on to the children, and
+        # PPROBE_DUMP_PACK where a test module sets it (tests of the one-file-per-dump storage)
+        if k in ("PPROBE_CORE", "PPROBE_DUMP_PACK")
+        or not (k == "PPROBE" or k.startswith("PPROBE_"))
+        and k not in _DROP
     }
     for k, v in extra.items():
         if v is None:
@@ -159,7 +162,12 @@ def meta(run_dir: Path | str) -> dict[str, Any]:
 
 
 def npy_files(run_dir: Path | str) -> list[str]:
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(str(run_dir), "*.npy")))
+    """The names of the run's .npy dumps: files, and entries of its pack files (small dumps,
+    PPROBE_DUMP_PACK)."""
+    from pprobe import packs
+
+    files = {os.path.basename(p) for p in glob.glob(os.path.join(str(run_dir), "*.npy"))}
+    return sorted(files | {n for n in packs.names(str(run_dir)) if n.endswith(".npy")})
 
 
 def shard_pids(run_dir: Path | str, table: str = "ops") -> set[int]:

@@ -21,6 +21,13 @@ from helpers import BOOTSTRAP, clean_env, meta, ops, run_script, sql, tensors
 from pprobe import core, dumps
 
 
+@pytest.fixture(autouse=True)
+def _one_file_per_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the one-file-per-dump storage (names, links, modes, symlinks) on
+    disk; small dumps packed into pack files are tested in tests/test_dump_pack.py."""
+    monkeypatch.setenv("PPROBE_DUMP_PACK", "0")
+
+
 def _of(run_dir: Path, op: str, where: str = "true") -> list[dict]:
     """The tensor rows of one op's calls, in call order."""
     return sql(

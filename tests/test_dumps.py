@@ -12,6 +12,13 @@ import pytest
 from helpers import meta, ops, run_script, tensors
 
 
+@pytest.fixture(autouse=True)
+def _one_file_per_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check the one-file-per-dump storage (names, links, modes, symlinks) on
+    disk; small dumps packed into pack files are tested in tests/test_dump_pack.py."""
+    monkeypatch.setenv("PPROBE_DUMP_PACK", "0")
+
+
 def _resolve(op: str):  # "numpy.linalg.svd" -> np.linalg.svd, "numpy.add.reduce" -> ...
     obj = np
     for part in op.split(".")[1:]:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from helpers import PYTHON, Result, run, run_script, write
 
+import pprobe
 from pprobe import nan as nanmod
 from pprobe.config import ConfigError
 
@@ -87,7 +88,7 @@ def test_log_of_zero_is_the_origin_and_the_multiply_carries_it(tmp_path: Path, m
     assert rep["first"]["op"] == "numpy.log"
     if mode == "dump":
         assert all(t["dump_path"] for t in o["inputs"] + o["outputs"])
-        np.testing.assert_array_equal(np.load(r.run_dir / out["dump_path"]), logp)
+        np.testing.assert_array_equal(pprobe.load(str(r.run_dir / out["dump_path"])), logp)
 
     # NaN only: the multiply (0 * -inf) is where the NaN was born
     rep = nan_json(tmp_path, r.run_dir, "--no-inf")

@@ -1,0 +1,344 @@
+"""Pack files (pprobe/packs.py, PPROBE_DUMP_PACK): small dumps appended to one file per process.
+
+End to end through the bootstrap: values bit-exact through pprobe.load for packed and plain
+dumps, dedup aliases, kill -9, export --npy, threshold 0; both engines. In-process: the entry
+framing (a cut or damaged tail is ignored), the native and Python writers appending the same
+bytes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import BOOTSTRAP, PYTHON, clean_env, meta, run_script, sql, tensors
+
+import pprobe
+from pprobe import core, dumps, packs
+
+ENGINES = ["native", "python"] if core.dumpio() is not None else ["python"]
+
+# The arrays the script below dumps, rebuilt here independently of the run.
+_ARRAYS = """
+import numpy as np
+rng = np.random.default_rng(7)
+arrays = [
+    rng.standard_normal((3, 5)).astype(np.float32),
+    rng.standard_normal(40),
+    rng.integers(-100, 100, size=17).astype(np.int8),
+    rng.integers(0, 60000, size=(2, 9)).astype(np.uint16),
+    rng.random(13) > 0.5,
+    (rng.standard_normal(6) + 1j * rng.standard_normal(6)).astype(np.complex64),
+    rng.standard_normal(11).astype(np.float16),
+    np.array(3.25),
+    np.zeros((0, 4), dtype=np.float64),
+    np.array([np.nan, -0.0, np.inf, -np.inf, 5e-324]),
+    rng.standard_normal(20_000),  # 160 kB: more than the 64 KiB threshold, a file
+]
+"""
+
+
+def _expected() -> list[np.ndarray]:
+    ns: dict = {}
+    exec(_ARRAYS, ns)
+    return ns["arrays"]  # type: ignore[no-any-return]
+
+
+def _copies(run_dir: Path) -> list[dict]:
+    """The output rows of the script's np.copy calls, in call order."""
+    return sql(
+        run_dir,
+        "SELECT t.* FROM tensors t JOIN ops o USING (pid, seq) "
+        "WHERE o.op = 'numpy.copy' AND t.role = 'output' ORDER BY t.seq",
+    )
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_packed_and_plain_dumps_load_bit_exact(tmp_path: Path, engine: str) -> None:
+    r = run_script(
+        tmp_path,
+        _ARRAYS + "for a in arrays:\n    np.copy(a)\n",
+        env={"PPROBE_CORE": engine},
+    ).check()
+    run_dir = r.run_dir
+    m = meta(run_dir)
+    assert m["core"]["dumps"] == engine
+    rows = _copies(run_dir)
+    want = _expected()
+    assert len(rows) == len(want)
+    for x, a in zip(rows, want):
+        path = run_dir / x["dump_path"]
+        packed = a.nbytes + 128 <= 64 * 1024
+        assert path.is_file() != packed, x["dump_path"]  # small: in a pack; large: a file
+        assert _same(pprobe.load(str(path)), a)  # through the central loader
+        assert _same(pprobe.load(x, str(run_dir)), a)  # a tensors row
+        assert _same(pprobe.load(x["seq"], str(run_dir)), a)  # a call's seq
+    pack_files = list((run_dir / ".packs").iterdir())
+    assert len(pack_files) == 1
+    st = pack_files[0].stat()
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert pack_files[0].name.endswith(f"-{rows[0]['pid']}-0.npk")
+    # every row of the run (np.random's outputs too) points to a loadable dump
+    for x in tensors(run_dir):
+        if x["dump_path"]:
+            assert pprobe.load(str(run_dir / x["dump_path"])).shape == tuple(x["shape"])
+
+
+@pytest.mark.skipif(
+    subprocess.run([PYTHON, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="torch is not importable",
+)
+def test_a_bf16_tensor_comes_back_identical_from_a_pack(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import torch
+        t = torch.arange(-20, 20, dtype=torch.float32).to(torch.bfloat16) * 0.37
+        torch.neg(t)
+        """,
+    ).check()
+    run_dir = r.run_dir
+    rows = sql(
+        run_dir,
+        "SELECT t.* FROM tensors t JOIN ops o USING (pid, seq) "
+        "WHERE o.op LIKE '%neg' AND t.role = 'output'",
+    )
+    assert len(rows) == 1 and rows[0]["dump_path"].endswith(".bfloat16.npy")
+    assert not (run_dir / rows[0]["dump_path"]).exists()  # packed
+    import torch
+
+    got = pprobe.load(str(run_dir / rows[0]["dump_path"]))
+    want = torch.neg(torch.arange(-20, 20, dtype=torch.float32).to(torch.bfloat16) * 0.37)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_same_content_again_is_an_alias_entry(tmp_path: Path, engine: str) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        data = np.arange(1000, dtype=np.float64)   # 8 kB, passed to every step
+        for step in range(6):
+            np.copy(data)
+        """,
+        env={"PPROBE_CORE": engine},
+    ).check()
+    run_dir = r.run_dir
+    rows = tensors(run_dir)
+    copies = [x for x in rows if x["dump_path"] and "numpy.copy" in x["dump_path"]]
+    assert len(copies) == 12  # input and output of 6 calls
+    want = np.arange(1000, dtype=np.float64)
+    for x in copies:
+        assert _same(pprobe.load(str(run_dir / x["dump_path"])), want)
+    s = packs.stats(str(run_dir))
+    assert s["aliases"] >= 11  # one copy of the bytes; further dumps name it
+    pack = next((run_dir / ".packs").iterdir())
+    assert pack.stat().st_size < 2 * want.nbytes
+    m = meta(run_dir)["dumps"]
+    assert m["links"] >= 11
+    assert m["bytes_reserved"] < 2 * (want.nbytes + 128)  # aliases take no budget
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_after_kill_9_every_row_loads_and_a_cut_tail_is_ignored(
+    tmp_path: Path, engine: str
+) -> None:
+    script = tmp_path / "busy.py"
+    script.write_text(
+        "import numpy as np\n"
+        "i = 0\n"
+        "while True:\n"
+        "    np.negative(np.full(100 + i % 700, float(i)))\n"
+        "    i += 1\n"
+        "    if i == 200: print('ready', flush=True)\n"
+    )
+    out = tmp_path / "out"
+    env = clean_env(
+        PYTHONPATH=str(BOOTSTRAP),
+        PPROBE_OUTPUT=str(out),
+        PPROBE_FLUSH_SECONDS="0.2",
+        PPROBE_CORE=engine,
+    )
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+    time.sleep(1.5)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    run_dir = next(d for d in out.iterdir() if d.is_dir() and not d.is_symlink())
+    rows = [x for x in tensors(run_dir) if x["dump_path"]]
+    assert len(rows) > 20
+
+    def check_all() -> None:
+        for x in rows:
+            a = pprobe.load(str(run_dir / x["dump_path"]))
+            n = x["shape"][0]
+            i = float(a[0])
+            # values independently: np.full(100 + i % 700, i), negated or not
+            assert a.shape == (n,) and (np.all(a == i) and n == 100 + abs(int(i)) % 700)
+
+    check_all()
+    # a crash mid-append: half an entry at the end of the pack is ignored, the rest reads
+    pack = next((run_dir / ".packs").iterdir())
+    good = pack.read_bytes()
+    n_before = packs.stats(str(run_dir))["entries"]
+    with open(pack, "ab") as f:
+        f.write(good[: packs.HEAD_SIZE + 40])  # the start of an entry, cut
+    check_all()
+    ix = packs.indexes(str(run_dir))[0]
+    assert ix.bad_tail and packs.stats(str(run_dir))["entries"] == n_before
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_export_npy_materialises_every_dump(tmp_path: Path, engine: str) -> None:
+    r = run_script(
+        tmp_path,
+        _ARRAYS + "for a in arrays:\n    np.copy(a)\nfor k in range(3):\n    np.copy(arrays[1])\n",
+        env={"PPROBE_CORE": engine},
+    ).check()
+    run_dir = r.run_dir
+    dest = tmp_path / "exported"
+    p = subprocess.run(
+        [PYTHON, "-m", "pprobe", "export", "--npy", str(dest), "--run", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert p.returncode == 0, p.stderr
+    assert "aliases" in p.stdout
+    rows = [x for x in tensors(run_dir) if x["dump_path"]]
+    assert sorted(os.listdir(dest)) == sorted({x["dump_path"] for x in rows})
+    want = _expected()
+    copies = _copies(run_dir)
+    for x, a in zip(copies, want + [want[1]] * 3):
+        assert _same(np.load(dest / x["dump_path"], allow_pickle=False), a)
+    for x in rows:
+        f = dest / x["dump_path"]
+        assert f.is_file() and not f.is_symlink()
+        assert _same(np.load(f), pprobe.load(str(run_dir / x["dump_path"]), torch=False))
+    # again into the same folder: refused with one line, nothing overwritten
+    p = subprocess.run(
+        [PYTHON, "-m", "pprobe", "export", "--npy", str(dest), "--run", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "not an empty folder" in p.stderr
+
+
+def test_export_npy_never_writes_through_a_symlink(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "import numpy as np\nnp.copy(np.arange(5.0))\n").check()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    p = subprocess.run(
+        [PYTHON, "-m", "pprobe", "export", "--npy", str(link), "--run", str(r.run_dir)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert p.returncode == 2 and "symlink" in p.stderr and not os.listdir(victim)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_threshold_0_writes_plain_files_as_before(tmp_path: Path, engine: str) -> None:
+    r = run_script(
+        tmp_path,
+        _ARRAYS + "for a in arrays:\n    np.copy(a)\n",
+        env={"PPROBE_CORE": engine, "PPROBE_DUMP_PACK": "0"},
+    ).check()
+    run_dir = r.run_dir
+    assert not (run_dir / ".packs").exists()
+    for x, a in zip(_copies(run_dir), _expected()):
+        assert _same(np.load(run_dir / x["dump_path"], allow_pickle=False), a)
+
+
+def test_a_bad_threshold_names_the_variable(tmp_path: Path) -> None:
+    r = run_script(tmp_path, "print('hi')\n", env={"PPROBE_DUMP_PACK": "lots"})
+    assert "PPROBE_DUMP_PACK" in r.err
+
+
+# ---------------------------------------------------------------------- in process
+def _entry(kind: int, name: str, payload: bytes) -> bytes:
+    b = name.encode()
+    return packs.entry_head(kind, b, payload) + b + payload
+
+
+def test_scanner_stops_at_the_first_damaged_entry_and_follows_aliases(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    (d / ".packs").mkdir(parents=True)
+    pack = d / ".packs" / "h-1-0.npk"
+    one = np.arange(7, dtype=np.int32)
+    blob = dumps.npy_header(one.dtype, one.shape) + one.tobytes()
+    data = _entry(packs.DATA, "a.npy", blob) + _entry(packs.ALIAS, "b.npy", b"a.npy")
+    pack.write_bytes(data)
+    assert _same(pprobe.load(str(d / "b.npy")), one)
+    # the crc covers the header, the name and the payload: a flipped byte ends the scan
+    bad = bytearray(_entry(packs.DATA, "c.npy", blob))
+    bad[-1] ^= 1
+    later = _entry(packs.DATA, "e.npy", blob)
+    pack.write_bytes(data + bytes(bad) + later)
+    assert set(packs.names(str(d))) == {"a.npy", "b.npy"}
+    assert packs.indexes(str(d))[0].bad_tail
+    with pytest.raises(FileNotFoundError):
+        pprobe.load(str(d / "c.npy"))
+    # a pack that grows is scanned on from where the last scan ended
+    pack.write_bytes(data)
+    packs.indexes(str(d))
+    with open(pack, "ab") as f:
+        f.write(_entry(packs.DATA, "f.npy", blob))
+    assert "f.npy" in packs.names(str(d))
+    crc_ok = zlib.crc32(blob, zlib.crc32(b"a.npy", zlib.crc32(data[:16])))
+    assert int.from_bytes(data[16:20], "little") == crc_ok
+
+
+def _queues() -> list:
+    qs = [dumps.PyQueue()]
+    mod = core.dumpio()
+    if mod is not None:
+        qs.append(dumps.NativeQueue(mod))
+    return qs
+
+
+def test_native_and_python_writers_append_the_same_bytes(tmp_path: Path) -> None:
+    qs = _queues()
+    if len(qs) < 2:
+        pytest.skip("no native dump writer in this build")
+    a = np.arange(12.0).reshape(3, 4).T  # not contiguous: appended in C order
+    h = dumps.npy_header(a.dtype, (4, 3))
+    out = []
+    for k, q in enumerate(qs):
+        d = tmp_path / f"run{k}"
+        d.mkdir()
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            q.set_host("testhost")
+            q.open(fd, 1 << 20)
+            assert q.submit("x.npy", h, a, None, True, True)
+            assert q.submit("y.npy", b"", None, "x.npy", True, True)
+            assert q.submit("big.npy", h, a, None, True, False)  # not packed: a file
+            assert q.wait(q.ticket(), 10.0)
+            assert q.close(10.0)
+            assert not q.failures()
+        finally:
+            os.close(fd)
+        (pack,) = (d / ".packs").iterdir()
+        assert pack.name.startswith(f"testhost-{os.getpid()}-") and pack.name.endswith(".npk")
+        assert _same(np.load(d / "big.npy"), np.ascontiguousarray(a))
+        assert _same(pprobe.load(str(d / "y.npy")), np.ascontiguousarray(a))
+        out.append(pack.read_bytes())
+    assert out[0] == out[1]
