@@ -342,3 +342,37 @@ def test_native_and_python_writers_append_the_same_bytes(tmp_path: Path) -> None
         assert _same(pprobe.load(str(d / "y.npy")), np.ascontiguousarray(a))
         out.append(pack.read_bytes())
     assert out[0] == out[1]
+
+
+def test_a_forked_child_appends_to_a_pack_of_its_own(tmp_path: Path) -> None:
+    r = run_script(
+        tmp_path,
+        """
+        import os
+        import numpy as np
+        np.negative(np.arange(10.0))
+        pid = os.fork()
+        if pid == 0:
+            for i in range(5):
+                np.negative(np.full(7, float(i)))
+            os._exit(0)
+        for i in range(5):
+            np.negative(np.full(9, float(-i)))
+        os.waitpid(pid, 0)
+        """,
+    ).check()
+    run_dir = r.run_dir
+    rows = [x for x in tensors(run_dir) if x["dump_path"]]
+    pids = {x["pid"] for x in rows}
+    assert len(pids) == 2
+    names = sorted(p.name for p in (run_dir / ".packs").iterdir())
+    assert len(names) == 2 and {int(n.rsplit("-", 2)[1]) for n in names} == pids
+    for x in rows:
+        a = pprobe.load(str(run_dir / x["dump_path"]))
+        assert a.shape == tuple(x["shape"])
+    for x in rows:
+        if "negative_output" in x["dump_path"] and x["shape"] in ([7], [9]):
+            a = pprobe.load(str(run_dir / x["dump_path"]))
+            assert np.all(a == a[0])
+            # the child negated full(7, i), the parent full(9, -i), i >= 0
+            assert a[0] <= 0 if x["shape"] == [7] else a[0] >= 0
