@@ -15,6 +15,12 @@ without the GIL, so a busy program cannot starve it; its Python twin (:class:`Py
 fallback. The log writer waits for the dumps a batch's rows point to before it writes the
 batch: after kill -9, every dump a row points to is complete.
 
+Small dumps (at most ``PPROBE_DUMP_PACK`` bytes, header + data) are not files: the same writer
+thread appends each as one entry to this process's pack file (:mod:`pprobe.packs`,
+``.packs/{host}-{pid}-{k}.npk``, created like the files), and a repeated content there is an
+alias entry. Rows keep the seed names; the loader finds them in the packs. With a ring
+(``PPROBE_DUMP_KEEP``, ``PPROBE_ON_NAN=dump``), which deletes old dumps, every dump is a file.
+
 The queue's memory is bounded (``PPROBE_DUMP_QUEUE``). When it is full the recording thread
 waits for room (``PPROBE_DUMP_FULL=wait``, the default) or skips that dump and says so in the
 row (``skip``). An array larger than the whole queue is written once the queue is empty.

@@ -1,7 +1,8 @@
 """Pack files (pprobe/packs.py, PPROBE_DUMP_PACK): small dumps appended to one file per process.
 
 End to end through the bootstrap: values bit-exact through pprobe.load for packed and plain
-dumps, dedup aliases, kill -9, export --npy, threshold 0; both engines. In-process: the entry
+dumps (both engines in one session), dedup aliases, kill -9, export --npy, threshold 0 (the
+session's engine, PPROBE_CORE: CI runs the suite under both). In-process: the entry
 framing (a cut or damaged tail is ignored), the native and Python writers appending the same
 bytes."""
 
@@ -124,8 +125,7 @@ def test_a_bf16_tensor_comes_back_identical_from_a_pack(tmp_path: Path) -> None:
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_the_same_content_again_is_an_alias_entry(tmp_path: Path, engine: str) -> None:
+def test_the_same_content_again_is_an_alias_entry(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
         """
@@ -134,7 +134,6 @@ def test_the_same_content_again_is_an_alias_entry(tmp_path: Path, engine: str) -
         for step in range(6):
             np.copy(data)
         """,
-        env={"PPROBE_CORE": engine},
     ).check()
     run_dir = r.run_dir
     rows = tensors(run_dir)
@@ -152,10 +151,7 @@ def test_the_same_content_again_is_an_alias_entry(tmp_path: Path, engine: str) -
     assert m["bytes_reserved"] < 2 * (want.nbytes + 128)  # aliases take no budget
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_after_kill_9_every_row_loads_and_a_cut_tail_is_ignored(
-    tmp_path: Path, engine: str
-) -> None:
+def test_after_kill_9_every_row_loads_and_a_cut_tail_is_ignored(tmp_path: Path) -> None:
     script = tmp_path / "busy.py"
     script.write_text(
         "import numpy as np\n"
@@ -170,7 +166,6 @@ def test_after_kill_9_every_row_loads_and_a_cut_tail_is_ignored(
         PYTHONPATH=str(BOOTSTRAP),
         PPROBE_OUTPUT=str(out),
         PPROBE_FLUSH_SECONDS="0.2",
-        PPROBE_CORE=engine,
     )
     p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
@@ -201,12 +196,10 @@ def test_after_kill_9_every_row_loads_and_a_cut_tail_is_ignored(
     assert ix.bad_tail and packs.stats(str(run_dir))["entries"] == n_before
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_export_npy_materialises_every_dump(tmp_path: Path, engine: str) -> None:
+def test_export_npy_materialises_every_dump(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
         _ARRAYS + "for a in arrays:\n    np.copy(a)\nfor k in range(3):\n    np.copy(arrays[1])\n",
-        env={"PPROBE_CORE": engine},
     ).check()
     run_dir = r.run_dir
     dest = tmp_path / "exported"
@@ -254,12 +247,11 @@ def test_export_npy_never_writes_through_a_symlink(tmp_path: Path) -> None:
     assert p.returncode == 2 and "symlink" in p.stderr and not os.listdir(victim)
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_threshold_0_writes_plain_files_as_before(tmp_path: Path, engine: str) -> None:
+def test_threshold_0_writes_plain_files_as_before(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
         _ARRAYS + "for a in arrays:\n    np.copy(a)\n",
-        env={"PPROBE_CORE": engine, "PPROBE_DUMP_PACK": "0"},
+        env={"PPROBE_DUMP_PACK": "0"},
     ).check()
     run_dir = r.run_dir
     assert not (run_dir / ".packs").exists()
