@@ -170,6 +170,14 @@ def npy_files(run_dir: Path | str) -> list[str]:
     return sorted(files | {n for n in packs.names(str(run_dir)) if n.endswith(".npy")})
 
 
+def load_dump(path: Path | str) -> Any:
+    """A dump as ``numpy.load`` gives a file: a .npy file or an entry of its folder's pack
+    files (small dumps, PPROBE_DUMP_PACK), read by pprobe.codecs.load."""
+    from pprobe import codecs
+
+    return codecs.load(path)
+
+
 def shard_pids(run_dir: Path | str, table: str = "ops") -> set[int]:
     """pids that own a shard of ``table`` (from the file names ``{table}-{host}-{pid}.arrows``)."""
     return {

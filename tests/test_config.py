@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, meta, op_names, run_script, write
+from helpers import REPO, meta, npy_files, op_names, run_script, write
 from helpers import ops as ops_of
 
 from pprobe import config
@@ -148,7 +148,7 @@ def test_precedence_defaults_pyproject_toml_env(tmp_path: Path) -> None:
     assert "budget" not in src
     # and the program was probed that way: every 4th np.add of the first 6, no dumps
     assert [x for x in op_names(r.run_dir) if x == "numpy.add"] == ["numpy.add"] * 2
-    assert not list(r.run_dir.glob("*.npy"))
+    assert not npy_files(r.run_dir)
 
 
 def test_precedence_enable_arguments_win(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_child_processes_get_the_resolved_config_not_a_reguess(tmp_path: Path) -
     rows = ops_of(r.run_dir)
     assert [x["args"] for x in rows if x["op"] == "numpy.add"] == ["1=1", "1=2"]
     assert len({x["pid"] for x in rows}) == 2
-    assert not list(r.run_dir.glob("*.npy"))  # the child logged like its parent: no dumps
+    assert not npy_files(r.run_dir)  # the child logged like its parent: no dumps
 
 
 def test_readme_settings_table_lists_every_variable() -> None:

@@ -15,7 +15,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import BOOTSTRAP, PYTHON, clean_env, meta, ops, run_script, sql, tensors, write
+from helpers import (
+    BOOTSTRAP,
+    PYTHON,
+    clean_env,
+    load_dump,
+    meta,
+    npy_files,
+    ops,
+    run_script,
+    sql,
+    tensors,
+    write,
+)
 
 OPS_COLUMNS = [
     "run_id", "seq", "pid", "rank", "thread", "ts_ns", "dur_ns", "framework", "op", "kind",
@@ -79,10 +91,10 @@ def test_kill_9_keeps_every_flushed_batch(tmp_path: Path) -> None:
         want = ["output0"] if r["op"] == "numpy.full" else ["input0", "output0"]
         assert sorted(per_seq[r["seq"]]) == want
     # No half-written .npy is ever visible: every one loads whole, with the right values.
-    files = sorted(run_dir.glob("*.npy"))
+    files = npy_files(run_dir)  # files and pack entries (PPROBE_DUMP_PACK)
     assert len(files) >= seen
     for f in files:
-        a = np.load(f, allow_pickle=False)
+        a = load_dump(run_dir / f)
         assert a.shape == (1000,) and np.all(a == a[0])
 
 
@@ -136,7 +148,7 @@ def test_documented_columns_and_their_values(tmp_path: Path) -> None:
     ]
     for x in t:
         assert x["pid"] == info["pid"]
-        assert (run_dir / x["dump_path"]).is_file()
+        assert load_dump(run_dir / x["dump_path"]).shape == tuple(x["shape"])
     assert m["rank"] == 3
 
 
@@ -215,7 +227,7 @@ def test_log_mode_has_shapes_but_no_statistics_or_dumps(tmp_path: Path) -> None:
     t = tensors(r.check().run_dir)
     assert t and all(x["min"] is None and x["nan_count"] is None for x in t)
     assert all(x["dump_path"] is None for x in t)
-    assert not list(r.run_dir.glob("*.npy"))
+    assert not npy_files(r.run_dir)
     assert {x["dtype"] for x in t} >= {"float64", "int64", "bool", "object", "<U2"}
 
 

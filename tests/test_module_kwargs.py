@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_script, sql
+from helpers import load_dump, run_script, sql
 
 torch = pytest.importorskip("torch")
 
@@ -69,7 +69,7 @@ def test_module_rows_describe_keyword_arguments_at_call_time(tmp_path: Path, mod
     assert by_idx2[("input", "scale")]["max"] == pytest.approx(float(s.max()) * 10.0, rel=1e-6)
     assert second[0]["args"] is None
     if mode == "dump":
-        got = np.load(r.run_dir / by_idx[("input", "scale")]["dump_path"])
+        got = load_dump(r.run_dir / by_idx[("input", "scale")]["dump_path"])
         np.testing.assert_array_equal(got, s)  # the values when forward was called
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import meta, ops, run_script, sql, tensors
+from helpers import load_dump, meta, ops, run_script, sql, tensors
 
 import pprobe
 from pprobe import _cpython, core
@@ -129,16 +129,16 @@ def test_operator_values_are_dumped_at_call_time(tmp_path: Path) -> None:
     files = {
         (t["role"], t["idx"]): t["dump_path"] for t in tensors(r.run_dir, f"seq = {iadd['seq']}")
     }
-    old_a = np.load(r.run_dir / files[("input", "0")])
+    old_a = load_dump(r.run_dir / files[("input", "0")])
     assert np.array_equal(old_a, np.linspace(0.0, 1.0, 5))
-    out = np.load(r.run_dir / files[("output", "0")])
+    out = load_dump(r.run_dir / files[("output", "0")])
     assert np.array_equal(out, np.linspace(0.0, 1.0, 5) + np.arange(5.0))
     assert (
         files[("input", "0")] == f"op_numpy.ndarray.__iadd___input0_{iadd['pid']}-{iadd['seq']}.npy"
     )
     mul = rows["numpy.ndarray.__mul__"]
     t = {(x["role"], x["idx"]): x for x in tensors(r.run_dir, f"seq = {mul['seq']}")}
-    assert np.array_equal(np.load(r.run_dir / t[("output", "0")]["dump_path"]), out * 2)
+    assert np.array_equal(load_dump(r.run_dir / t[("output", "0")]["dump_path"]), out * 2)
     assert t[("output", "0")]["max"] == float((out * 2).max())
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import PYTHON, REPO, meta, op_names, run, run_script, tensors, write
+from helpers import PYTHON, REPO, load_dump, meta, op_names, run, run_script, tensors, write
 
 PROG = """
     import sys
@@ -184,7 +184,7 @@ def test_full_disk_is_reported_once_and_the_program_is_unaffected(tmp_path: Path
         if x["shape"] == [20000]:
             assert x["dump_path"] is None and "not dumped" in x["note"], x
         elif x["dump_path"]:
-            assert np.load(r.run_dir / x["dump_path"]).shape == tuple(x["shape"])
+            assert load_dump(r.run_dir / x["dump_path"]).shape == tuple(x["shape"])
     assert not [p for p in r.run_dir.rglob("*") if p.name.endswith(".tmp")]
 
 
