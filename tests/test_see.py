@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import PYTHON, REPO, Result, meta, run, run_script, sql
+from helpers import PYTHON, REPO, Result, meta, npy_files, run, run_script, sql
 
 import pprobe
-from pprobe import callview, textout
+from pprobe import callview, packs, textout
 
 PROG = """
     import numpy as np
@@ -93,10 +93,12 @@ def test_ls_lists_runs_with_their_facts_and_a_killed_run_says_it_died(tmp_path: 
         assert x["processes"] == 1 and x["ranks"] == []
         assert x["coverage"] == m["coverage"]["coverage"]
         assert x["latest"] == (p == killed.run_dir)
-        files = [f for f in os.listdir(p) if f.endswith(".npy")]
+        files = npy_files(p)  # dump files and pack entries (PPROBE_DUMP_PACK)
         if m["config"]["mode"] == "dump":
             assert x["dumps"]["files"] + x["dumps"]["links"] == len(files) > 0
-            written = sum(os.path.getsize(p / f) for f in files if os.stat(p / f).st_nlink == 1)
+            plain = [p / f for f in files if (p / f).is_file()]
+            written = sum(f.stat().st_size for f in plain if f.stat().st_nlink == 1)
+            written += packs.stats(str(p))["bytes"]  # the packed dumps' bytes
             assert x["dumps"]["bytes"] >= written > 0
             assert x["dumps"]["budget_left"] == m["config"]["budget"] - x["dumps"]["bytes"]
         else:
