@@ -4,7 +4,7 @@ python -m bench.dump_pack_cost [--rounds 5] [--steps 200] [--only mlp_torch,nump
 
 Variants, interleaved round by round (drift cancels within a round): ``none`` (unprobed),
 ``dump, files`` (``PPROBE_DUMP_PACK=0``: one file per dump, as before packs) and ``dump,
-packs`` (the default: dumps of at most 64 KiB appended to per-process pack files), and with
+packs`` (the default: dumps of at most 1 MiB appended to per-process pack files), and with
 ``--also SIZE`` a pack threshold of SIZE. Figures:
 per variant, the median of the rounds' ratios to the unprobed run on three clocks: the
 process's CPU (every thread), wall, and the main thread's CPU (torch MLP only), with a

@@ -453,7 +453,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "dump_pack",
         "PPROBE_DUMP_PACK",
-        64 * 1024,
+        1 << 20,
         _size,
         "Dumps of at most this many bytes (.npy header + data) are appended to one pack file "
         "per process (<run>/.packs/*.npk) instead of one file each; rows keep the file name "
@@ -811,7 +811,7 @@ class Config:
     dump_queue: int = 32 * 1024**2
     dump_full: str = "wait"
     dump_codec: str = "npy"
-    dump_pack: int = 64 * 1024
+    dump_pack: int = 1 << 20
     dump_keep: int = 0
     stack_depth: int = 3
     include: tuple[str, ...] = ()

@@ -41,7 +41,7 @@ arrays = [
     np.array(3.25),
     np.zeros((0, 4), dtype=np.float64),
     np.array([np.nan, -0.0, np.inf, -np.inf, 5e-324]),
-    rng.standard_normal(20_000),  # 160 kB: more than the 64 KiB threshold, a file
+    rng.standard_normal(140_000),  # 1.1 MB: more than the 1 MiB threshold, a file
 ]
 """
 
