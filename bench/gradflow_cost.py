@@ -1,15 +1,22 @@
-"""GradientFlowHook's CPU hand-off on the torch MLP (docs/hooks-builtin.md): log mode without
-hooks, with GradientFlow at frequency 1 handing the grads over by reference (the default,
-``handoff="auto"``), and with it copying them every step (``handoff="copy"``, the hand-off
-before references).
+"""GradientFlowHook's cost at frequency 1 on the torch MLP (docs/hooks-builtin.md), measured
+inside each child: the default hand-off (by reference, ``handoff="auto"``) and, with
+``--only gradflow,gradflow_copy``, the copying one.
 
-python -m bench.gradflow_cost [--rounds 9] [--steps 200]
+python -m bench.gradflow_cost [--children 3] [--quads 6] [--block 100] [--only gradflow]
 
-Fresh children on the native engine, interleaved round by round; the figure is the median
-over rounds of each variant's ratio to the run without hooks in the same round, on the main
-thread's CPU time of the timed loop (``time.thread_time``), with a bootstrap 95 % interval;
-the process CPU (the statistics thread included) is given beside it. The reference variant
-is also given against the copying one, paired round by round.
+Method (as bench/ext_cost.py and bench/hooks_cost.py): a child (native engine, log mode, one
+torch thread) installs the hook, then runs ``quads`` quads of ``block``-step blocks with the
+hook in place ("on": the hook live, the bench's ``before_step`` / ``after_step`` emits around
+every step as zero-code emission makes them, zero-code detection's step listeners and
+optimizer pre-hook, GradientFlow's own step pre-hook on the optimizer) and with all of it
+taken away ("off": its optimizer pre-hook removed too), in the order on-off-off-on,
+off-on-on-off, ... (``mlp_torch.run_ab_quads``). Every block ends, inside its timing, with
+the statistics of the hand-offs not computed yet (on another thread, as the
+``pprobe-gradflow`` thread computes them), their verification and the tables' flush: the
+statistics thread's work of an "on" block is in that block's process CPU. One quad gives one
+ratio, (on + on) / (off + off) - 1, on the main thread's CPU clock (``time.thread_time``), on
+the process's (every thread) and on the wall clock (meaningful on an idle machine only); the
+figure is the median over every quad of every child, with a bootstrap 95 % interval.
 """
 
 from __future__ import annotations
@@ -17,51 +24,64 @@ from __future__ import annotations
 import argparse
 import os
 
-from .harness import Variant, interleave, median, paired_ci
+from .harness import Variant, median, paired_ci, run_child
+
+NAMES = {"gradflow": "GradientFlow f=1, references", "gradflow_copy": "GradientFlow f=1, copies"}
+TARGET = 0.10
+
+
+def _ci(ratios: list[float]) -> str:
+    lo, hi = paired_ci(ratios, [0.0] * len(ratios))
+    return f"{median(ratios) * 100:+.2f} % ({lo * 100:+.2f} to {hi * 100:+.2f} %)"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gradflow_cost",
                                 description=(__doc__ or "").split("\n")[0])  # fmt: skip
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--children", type=int, default=3, help="children per variant")
+    p.add_argument("--quads", type=int, default=6, help="on-off-off-on quads per child")
+    p.add_argument("--block", type=int, default=100, help="SGD steps per block")
+    p.add_argument("--only", default="gradflow", help="variants, comma-separated")
     a = p.parse_args(argv)
-    env = {"PPROBE_MODE": "log"}
+    import tempfile
 
-    def variant(name: str, hooks: str | None) -> Variant:
-        return Variant(name, probe=True, env=dict(env), args={"hooks": hooks} if hooks else {},
-                       needs_torch=True, engine="native")  # fmt: skip
-
-    base = variant("log (native)", None)
-    ref = variant("log + gradflow by reference (native)", "gradflow")
-    copy = variant("log + gradflow copying (native)", "gradflow_copy")
-    load0 = os.getloadavg()
-    runs = interleave("mlp_torch", [base, ref, copy], a.rounds,
-                      {"clock": "cpu", "torch_threads": 1, "steps": a.steps})  # fmt: skip
-    load1 = os.getloadavg()
-    for vr in runs.values():
-        if vr.status != "ok":
-            print(f"{vr.variant.name}: {vr.status}: {vr.runs[0].error}")
-            return 1
-
-    def col(v: Variant, key: str) -> list[float]:
-        return [float(o.data[key]) for o in runs[v.name].runs]
-
-    print(f"torch MLP, {a.steps} SGD steps, log mode, native engine, {a.rounds} rounds "
-          f"(load average {load0[0]:.2f} before, {load1[0]:.2f} after):")  # fmt: skip
-    b_main, b_proc = col(base, "loop_thread_s"), col(base, "loop_s")
-    print(f"  {'no hooks':<30} main thread {median(b_main):.3f} s, process {median(b_proc):.3f} s")
-    for v, name in ((ref, "GradientFlow f=1, references"), (copy, "GradientFlow f=1, copies")):
-        main_r = [x / y - 1 for x, y in zip(col(v, "loop_thread_s"), b_main)]
-        proc_r = [x / y - 1 for x, y in zip(col(v, "loop_s"), b_proc)]
-        lo, hi = paired_ci(main_r, [0.0] * len(main_r))
-        print(f"  {name:<30} main thread {median(main_r) * 100:+.2f} % (95 % interval "
-              f"{lo * 100:+.2f} to {hi * 100:+.2f} %), target <= +10 %; "
-              f"process CPU {median(proc_r) * 100:+.2f} %")  # fmt: skip
-    d = [x / y - 1 for x, y in zip(col(ref, "loop_thread_s"), col(copy, "loop_thread_s"))]
-    lo, hi = paired_ci(d, [0.0] * len(d))
-    print(f"  {'references vs copies':<30} main thread {median(d) * 100:+.2f} % "
-          f"(95 % interval {lo * 100:+.2f} to {hi * 100:+.2f} %)")  # fmt: skip
+    kinds = [k for k in a.only.split(",") if k]
+    args = {"clock": "cpu", "torch_threads": 1, "warmup": 20, "block": a.block,
+            "ab_quads": a.quads}  # fmt: skip
+    got: dict[str, dict[str, list[float]]] = {
+        k: {"main": [], "proc": [], "wall": [], "off_us": [], "dropped": []} for k in kinds
+    }
+    loads = [os.getloadavg()[0]]
+    for c in range(a.children):
+        for k in kinds[c % len(kinds) :] + kinds[: c % len(kinds)]:
+            v = Variant(f"log + {k} alternating (native)", probe=True,
+                        env={"PPROBE_MODE": "log"}, args={"hooks_ab": k, **args},
+                        needs_torch=True, engine="native")  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="pprobe-bench-") as out_dir:
+                o = run_child("mlp_torch", {}, v, out_dir)
+            if o.status != "ok":
+                print(f"{v.name}: {o.status}: {o.error}")
+                return 1
+            on, off = o.data["blocks"]["on"], o.data["blocks"]["off"]
+            g = got[k]
+            for q in range(len(on) // 2):
+                b_on, b_off = on[2 * q : 2 * q + 2], off[2 * q : 2 * q + 2]
+                for j, name in enumerate(("main", "proc", "wall")):
+                    g[name].append(sum(b[j] for b in b_on) / sum(b[j] for b in b_off) - 1)
+                g["off_us"].append(sum(b[0] for b in b_off) / (2 * a.block) * 1e6)
+            g["dropped"].append(o.data.get("dropped_steps", 0))
+            loads.append(os.getloadavg()[0])
+    print(f"torch MLP, SGD steps on one torch thread, log mode, native engine: {a.children} "
+          f"children x {a.quads} quads of {a.block}-step blocks, hooks on / off in one child; "
+          f"load average {min(loads):.2f}..{max(loads):.2f} (1 min)")  # fmt: skip
+    for k in kinds:
+        g = got[k]
+        print(f"  {NAMES.get(k, k)} ({len(g['main'])} quads; off: "
+              f"{median(g['off_us']):.0f} us/step of main-thread CPU; dropped steps "
+              f"{int(sum(g['dropped']))}), target <= +{TARGET * 100:.0f} %:")  # fmt: skip
+        print(f"    main thread CPU  {_ci(g['main'])}")
+        print(f"    process CPU      {_ci(g['proc'])}")
+        print(f"    wall             {_ci(g['wall'])}")
     return 0
 
 

@@ -261,6 +261,77 @@ def run_ab(out: dict[str, Any]) -> None:
     out["ab_loop_s"] = sum(off_s) + sum(on_s)
 
 
+def _gradflow_on(on: bool) -> None:
+    """GradientFlow's hooks in place or fully taken away: the hook machinery
+    (:func:`_hooks_on`) and its own step pre-hook on the optimizer (put back by its next
+    ``before_step``, as when it is first installed)."""
+    _hooks_on(on)
+    if not on:
+        for h in _made:
+            if getattr(h, "_handle", None) is not None:
+                h._handle.remove()
+                h._handle = h._hooked = None
+
+
+def run_ab_quads(out: dict[str, Any]) -> None:
+    """hooks_ab with ``ab_quads``: blocks of ``block`` steps with the hooks in place ("on",
+    :func:`_gradflow_on`) and fully taken away ("off"), in the order on-off-off-on,
+    off-on-on-off, ... Each block ends with a settle inside its timing: the hand-offs the
+    statistics thread has not computed yet are computed on another thread (as the
+    ``pprobe-gradflow`` thread would; the main thread waits, using no CPU), the training
+    thread verifies them (``_verify``) and the python tables are flushed on that other thread
+    (as ``pprobe-ext`` would): an "on" block's statistics, rows and their write are in its
+    process CPU. Per block: [main thread CPU, process CPU, wall] seconds."""
+    import queue
+    import threading
+
+    from pprobe.ext import tables as ext_tables
+
+    asks: queue.Queue[int] = queue.Queue()
+    done: queue.Queue[int] = queue.Queue()
+    flows = [h for h in _made if hasattr(h, "_run_jobs")]
+
+    def settler() -> None:
+        while True:
+            kind = asks.get()
+            if not kind:
+                return
+            for h in flows:
+                if kind == 1:
+                    h._run_jobs()
+                else:
+                    h._write_ready()
+            if kind == 2:
+                ext_tables.flush()
+            done.put(1)
+
+    threading.Thread(target=settler, daemon=True).start()
+    block, quads = int(ARGS.get("block", 100)), int(ARGS.get("ab_quads", 6))
+    blocks: dict[str, list[list[float]]] = {"on": [], "off": []}
+    i = 0
+    for q in range(quads):
+        for kind in ("on", "off", "off", "on") if q % 2 == 0 else ("off", "on", "on", "off"):
+            _gradflow_on(kind == "on")
+            t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
+            for _ in range(block):
+                step(i)
+                i += 1
+            asks.put(1)  # the statistics not computed yet
+            done.get()
+            for h in flows:
+                h._verify()
+            asks.put(2)  # their rows, and the tables' flush
+            done.get()
+            blocks[kind].append(
+                [time.thread_time() - t0, time.process_time() - p0, time.perf_counter() - w0]
+            )
+    asks.put(0)
+    _gradflow_on(True)
+    out["blocks"], out["ab_block"] = blocks, block
+    out["dropped_steps"] = sum(getattr(h, "dropped_steps", 0) for h in flows)
+    out["ab_loop_s"] = sum(b[1] for v in blocks.values() for b in v)
+
+
 def _thread_cpu(sampler: Any) -> float:
     if sampler is None or sampler.thread.ident is None:
         return 0.0
@@ -300,6 +371,8 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
     elif ARGS.get("ext") == "alternate":
         alternate(out)
+    elif _AB and ARGS.get("ab_quads"):
+        run_ab_quads(out)
     elif _AB:
         run_ab(out)
     else:
