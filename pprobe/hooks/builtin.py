@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import math
 import os
 import struct
@@ -24,13 +25,18 @@ from typing import Any
 from .. import state
 from .base import BaseHook, HookRegistry
 
-
 # ---------------------------------------------------------------------- shared helpers
+_tables: Any = None  # pprobe.ext.tables once imported (no importlib call per row)
+
+
 def record(table: str, rows: Any) -> None:
     """Rows into python.<table> (the extension API; exporters see them through its tap)."""
-    from ..ext import tables
+    global _tables
+    if _tables is None:
+        from ..ext import tables
 
-    tables.record(table, rows)
+        _tables = tables
+    _tables.record(table, rows)
 
 
 def run_dir(hook: BaseHook) -> str | None:
@@ -66,12 +72,12 @@ def _plain(torch: Any, tensors: list[Any]) -> Any:
     ``__torch_function__`` mode, pprobe's interceptor included, sees them: about half of their
     cost under the probe) when every tensor is a plain tensor; a tensor subclass (DTensor, ...)
     keeps its dispatch, so then nothing is disabled."""
-    import contextlib
-
-    plain = (torch.Tensor, torch.nn.Parameter)
-    if all(type(t) in plain for t in tensors):
-        return torch._C.DisableTorchFunction()
-    return contextlib.nullcontext()
+    tensor, param = torch.Tensor, torch.nn.Parameter
+    for t in tensors:  # a loop, not all(genexpr): this runs several times a step
+        c = type(t)
+        if c is not tensor and c is not param:
+            return contextlib.nullcontext()
+    return torch._C.DisableTorchFunction()
 
 
 # ---------------------------------------------------------------------- TimeTrackingHook
@@ -586,7 +592,11 @@ class GradientFlowHook(BaseHook):
         self._install(model if model is not None else self.get_service("model"))
 
     def before_step(self, step: int, model: Any = None) -> None:
-        self._install(model if model is not None else self.get_service("model"))
+        # _install only when something changed: another model, no pre-hook yet, another
+        # optimizer (what _install itself checks, without its calls on every step)
+        if model is None or model is not self._model or self._hooked is None \
+                or self._opt() is not self._hooked:  # fmt: skip
+            self._install(model if model is not None else self.get_service("model"))
         self._armed = step if self._hooked is not None else None
 
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -616,7 +626,7 @@ class GradientFlowHook(BaseHook):
         with _plain(torch, params):
             grads_all = [p.grad for p in params]
             # the layout (devices, names, sizes) is worked out once per parameter list
-            sig = tuple(id(p) if g is not None else 0 for p, g in zip(params, grads_all))
+            sig = tuple([id(p) if g is not None else 0 for p, g in zip(params, grads_all)])
             if self._layout is None or self._layout[0] != sig:
                 by_dev: dict[Any, list[int]] = {}
                 for i, g in enumerate(grads_all):
@@ -774,8 +784,9 @@ class GradientFlowHook(BaseHook):
             # the latest hand-off, not yet read, perhaps: a write to it since (the loop
             # scaling its grads after opt.step(), say) switches to copies before the next step
             with _plain(torch, last[0]):
-                if any(g._version != v for g, v in zip(*last)):
-                    self._say(_WRITTEN)
+                moved = [g for g, v in zip(*last) if g._version != v]
+            if moved:
+                self._say(_WRITTEN)
         if not self._unverified:
             return
         with self._lock:
@@ -783,7 +794,7 @@ class GradientFlowHook(BaseHook):
             self._held -= sum(b[3] for b in batch)
         for grads, versions, out, _ in batch:
             with _plain(torch, grads):  # _version under a torch function mode goes through it
-                same = all(g._version == v for g, v in zip(grads, versions))
+                same = [g._version for g in grads] == versions
             if same:
                 self._ready.append(out)
             else:
