@@ -7,6 +7,19 @@ from typing import Any, TypeVar
 
 T = TypeVar("T", bound=type)
 
+#: pprobe.hooks.dispatch once loaded (it imports this module): ``from . import dispatch``
+#: in a method runs importlib's Python ``_handle_fromlist`` at every call
+_dispatch: Any = None
+
+
+def _services() -> Any:
+    global _dispatch
+    if _dispatch is None:
+        from . import dispatch
+
+        _dispatch = dispatch
+    return _dispatch
+
 
 class BaseHook:
     """A training lifecycle hook: override the points you need; every one is a no-op here.
@@ -39,14 +52,10 @@ class BaseHook:
     # -- services -----------------------------------------------------------------------
     def get_service(self, name: str) -> Any:
         """The service ``name`` (model, optimizer, logger, experiment_dir, ...) or None."""
-        from . import dispatch
-
-        return dispatch.get_service(name)
+        return (_dispatch or _services()).get_service(name)
 
     def register_service(self, name: str, obj: Any) -> None:
-        from . import dispatch
-
-        dispatch.register_service(name, obj)
+        (_dispatch or _services()).register_service(name, obj)
 
     # -- points (all optional) ----------------------------------------------------------
     def before_training(self, model: Any = None) -> None: ...

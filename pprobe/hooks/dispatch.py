@@ -134,6 +134,20 @@ _COUNTED = {"before_step": "step", "after_step": "step", "before_epoch": "epoch"
             "after_epoch": "epoch"}  # fmt: skip
 _base_trigger = BaseHook.should_trigger
 _plain: dict[type, bool] = {}
+#: class -> (the points it has a method of its own for, whether its should_trigger is
+#: BaseHook's): what _wants and _plain_trigger compute, looked up once per hook per emit
+_kinds: dict[type, tuple[frozenset[str], bool]] = {}
+_NO_DICT: dict[str, Any] = {}
+
+
+def _kind(cls: type) -> tuple[frozenset[str], bool]:
+    k = _kinds.get(cls)
+    if k is None:
+        own = frozenset(p for p in POINTS
+                        if (fn := getattr(cls, p, None)) is not None
+                        and fn is not getattr(BaseHook, p))  # fmt: skip
+        k = _kinds[cls] = (own, getattr(cls, "should_trigger", None) is _base_trigger)
+    return k
 
 
 def _plain_trigger(hook: Any) -> bool:
@@ -144,6 +158,27 @@ def _plain_trigger(hook: Any) -> bool:
     if plain is None:
         plain = _plain[cls] = getattr(cls, "should_trigger", None) is _base_trigger
     return plain and "should_trigger" not in getattr(hook, "__dict__", ())
+
+
+def calls_none(point: str, at: int) -> bool:
+    """Whether the step or epoch point ``point`` at count ``at`` would call no hook: every
+    live hook is off, has no method for it, or has BaseHook's ``should_trigger`` and
+    ``at % frequency`` is not 0. A hook with its own ``should_trigger`` counts as called (it
+    is asked once, by :func:`emit`). Zero-code detection skips building the point's context
+    (model, metrics) and the emit when this is True."""
+    for hook in tuple(_hooks):
+        own, plain = _kinds.get(type(hook)) or _kind(type(hook))
+        d = getattr(hook, "__dict__", _NO_DICT)
+        if getattr(hook, "off", False) or (point not in own and point not in d):
+            continue
+        if not plain or "should_trigger" in d:
+            return False
+        try:
+            if not at % hook.frequency:
+                return False
+        except Exception:  # noqa: BLE001 - emit reports it
+            return False
+    return True
 
 
 def emit(point: str, source: str | None = None, **ctx: Any) -> None:
@@ -176,11 +211,14 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     at = None if key is None else ctx.get(key)
     local = state.local
     for hook in tuple(_hooks):
-        if getattr(hook, "off", False) or not _wants(hook, point):
+        # _wants and _plain_trigger, inlined: one class lookup, the instance's own dict
+        own, plain = _kinds.get(type(hook)) or _kind(type(hook))
+        d = getattr(hook, "__dict__", _NO_DICT)
+        if getattr(hook, "off", False) or (point not in own and point not in d):
             continue
         if at is not None:
             try:
-                if _plain_trigger(hook):
+                if plain and "should_trigger" not in d:
                     if at % hook.frequency:  # BaseHook.should_trigger, without the call
                         continue
                 elif not hook.should_trigger(at):
@@ -245,5 +283,6 @@ def _reset() -> None:
     _params.clear()
     _overrides.clear()
     _plain.clear()
+    _kinds.clear()
     _claimed = None
     _training = _cleaned = False

@@ -198,7 +198,7 @@ def _open_step(n: int) -> None:
     open_step, pending = n, None
     steps_in_epoch += 1
     dispatch.register_service("step", n)
-    if _heard():
+    if _heard() and not dispatch.calls_none("before_step", n):
         dispatch.emit("before_step", step=n, **_ctx())
 
 
@@ -207,7 +207,7 @@ def _close_step() -> None:
     if open_step is None:
         return
     n, open_step = open_step, None
-    if _heard():
+    if _heard() and not dispatch.calls_none("after_step", n):
         dispatch.emit("after_step", step=n, metrics=_step_metrics(), **_ctx())
 
 
@@ -267,7 +267,15 @@ class quiet:
 def _on_step_ending(old: int, new: int) -> None:
     """recorder's step-ending listener: step ``old`` ends (``state.step`` is still ``old``,
     so what ``after_step`` records is in the step that ends)."""
+    global open_step
     if _quiet or old == new:
+        return
+    if (
+        open_step is not None
+        and started
+        and (not _heard() or dispatch.calls_none("after_step", open_step))
+    ):
+        open_step = None  # _close_step with no hook to call: no context, no emit
         return
     with state.internal():
         _start()
@@ -299,6 +307,17 @@ def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     if state.manual_step or _quiet:
         return
     if _optimizer is not None:
+        w = _seen_optimizers.get(id(optimizer))
+        if (
+            w is not None
+            and w() is optimizer
+            and (pending is None or not _heard() or dispatch.calls_none("before_step", pending))
+        ):
+            # a later step of a known optimizer whose before_step calls no hook:
+            # _open_step's bookkeeping only (no context, no emit, no torch op)
+            if pending is not None:
+                _open_step(pending)
+            return
         try:
             with state.internal():
                 w = _seen_optimizers.get(id(optimizer))

@@ -1,0 +1,172 @@
+"""The hooks' cheaper step path (docs/hooks-builtin.md, Cost), in process.
+
+``dispatch.calls_none`` lets zero-code detection skip a step point's context and emit when no
+hook would be called; it must agree with what :func:`dispatch.emit` actually calls, including
+instance-level overrides, hooks switched off and overriding ``should_trigger`` rules (asked
+exactly once per point). GradientFlow's ``before_step`` skips ``_install`` when nothing
+changed and must still follow a new optimizer; ``_plain`` must keep a subclass's dispatch.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from pprobe import hooks as ph
+from pprobe.hooks import BaseHook, dispatch, lifecycle
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Any:
+    dispatch._reset()
+    yield
+    dispatch._reset()
+
+
+class Rec(BaseHook):
+    def __init__(self, log: list[Any], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.log = log
+
+    def before_step(self, step: int) -> None:
+        self.log.append((self.name, "before_step", step))
+
+    def after_step(self, step: int) -> None:
+        self.log.append((self.name, "after_step", step))
+
+
+class AfterOnly(BaseHook):
+    def __init__(self, log: list[Any], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.log = log
+
+    def after_step(self, step: int) -> None:
+        self.log.append((self.name, "after_step", step))
+
+
+def test_calls_none_agrees_with_what_emit_calls() -> None:
+    rnd = random.Random(7)
+    for trial in range(40):
+        dispatch._reset()
+        log: list[Any] = []
+        for j in range(rnd.randint(0, 4)):
+            kind = rnd.choice((Rec, AfterOnly, BaseHook))
+            h = kind(log, name=f"h{j}", frequency=rnd.randint(1, 5)) if kind is not BaseHook \
+                else BaseHook(name=f"h{j}")  # fmt: skip
+            if rnd.random() < 0.2:
+                h.off = True
+            if rnd.random() < 0.2:  # an instance-level method on a hook without one
+
+                def own(step: int, _n: str = h.name, _log: list[Any] = log) -> None:
+                    _log.append((_n, "before_step", step))
+
+                h.before_step = own  # type: ignore[method-assign]
+            ph.add(h)
+        for s in range(12):
+            for point in ("before_step", "after_step"):
+                n = len(log)
+                predicted = dispatch.calls_none(point, s)
+                ph.emit(point, step=s)
+                assert predicted == (len(log) == n), (trial, s, point, log[n:])
+
+
+def test_an_overriding_should_trigger_is_asked_once_per_point_by_zero_code_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+    log: list[Any] = []
+
+    class Odd(Rec):
+        def should_trigger(self, step: int) -> bool:
+            asked.append(step)
+            return step % 2 == 1
+
+    ph.add(Odd(log, name="odd"))
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "steps_in_epoch", 0)
+    monkeypatch.setattr(lifecycle, "_ctx", lambda: {})
+    monkeypatch.setattr(lifecycle, "_step_metrics", lambda: {})
+    assert not dispatch.calls_none("before_step", 2)  # its rule is asked by emit, not here
+    for s in range(4):
+        lifecycle._open_step(s)
+        lifecycle._close_step()
+    assert asked == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert log == [("odd", p, s) for s in (1, 3) for p in ("before_step", "after_step")]
+
+
+def test_zero_code_steps_build_a_context_only_where_a_hook_fires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[str] = []
+    log: list[Any] = []
+    monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
+    monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "steps_in_epoch", 0)
+    monkeypatch.setattr(lifecycle, "started", True)
+    ph.add(Rec(log, name="r", frequency=3))
+    for s in range(10):
+        lifecycle._open_step(s)
+        lifecycle._on_step_ending(s, s + 1)  # the step-ending listener's shortcut
+    fired = [s for s in range(10) if s % 3 == 0]
+    assert log == [("r", p, s) for s in fired for p in ("before_step", "after_step")]
+    assert built == ["ctx", "metrics", "ctx"] * len(fired)
+    assert dispatch.get_service("step") == 9 and lifecycle.open_step is None
+
+
+def test_a_frequency_changed_between_steps_is_followed_by_the_shortcut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log: list[Any] = []
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "started", True)
+    h = ph.add(Rec(log, name="r", frequency=4))
+    seen = []
+    for s in range(12):
+        if s == 6:
+            h.frequency = 5
+        lifecycle._open_step(s)
+        lifecycle._on_step_ending(s, s + 1)
+        seen += [e[2] for e in log if e[1] == "after_step" and e[2] == s]
+    assert seen == [0, 4, 10]
+
+
+def test_gradient_flow_follows_a_new_optimizer_without_reinstalling_every_step() -> None:
+    torch = pytest.importorskip("torch")
+    from pprobe.hooks.builtin import GradientFlowHook
+
+    model = torch.nn.Linear(3, 2)
+    opt1 = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt2 = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = GradientFlowHook(frequency=1, async_cpu=False)
+    calls: list[Any] = []
+    real = h._install
+    h._install = lambda m: calls.append(m) or real(m)  # type: ignore[method-assign]
+    dispatch.register_service("optimizer", opt1)
+    h.before_step(0, model=model)
+    h.before_step(1, model=model)
+    assert h._hooked is opt1 and len(calls) == 1
+    dispatch.register_service("optimizer", opt2)
+    h.before_step(2, model=model)
+    assert h._hooked is opt2 and len(calls) == 2
+    other = torch.nn.Linear(3, 2)
+    h.before_step(3, model=other)
+    assert h._model is other and len(calls) == 3
+    h.cleanup()
+
+
+def test_plain_keeps_a_subclass_dispatch() -> None:
+    torch = pytest.importorskip("torch")
+    from pprobe.hooks.builtin import _plain
+
+    class Sub(torch.Tensor):
+        pass
+
+    t = torch.zeros(2)
+    p = torch.nn.Parameter(torch.zeros(2))
+    s = t.as_subclass(Sub)
+    assert type(_plain(torch, [t, p])) is torch._C.DisableTorchFunction
+    assert type(_plain(torch, [t, s])) is not torch._C.DisableTorchFunction
+    assert type(_plain(torch, [])) is torch._C.DisableTorchFunction
