@@ -170,3 +170,49 @@ def test_plain_keeps_a_subclass_dispatch() -> None:
     assert type(_plain(torch, [t, p])) is torch._C.DisableTorchFunction
     assert type(_plain(torch, [t, s])) is not torch._C.DisableTorchFunction
     assert type(_plain(torch, [])) is torch._C.DisableTorchFunction
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_gradient_flow_hand_offs_waiting_together_give_each_steps_rows(
+    monkeypatch: pytest.MonkeyPatch, contiguous: bool
+) -> None:
+    """The statistics thread computes every waiting hand-off at once (one native call); each
+    step's rows must be those of its own grads, as NumPy computes them. A non-contiguous
+    grad in one step (no native path for it) makes the batch go job by job."""
+    torch = pytest.importorskip("torch")
+    np = pytest.importorskip("numpy")
+    from pprobe.hooks import builtin as bi
+
+    written: list[dict[str, Any]] = []
+    monkeypatch.setattr(bi, "record", lambda table, rows: written.extend(rows))
+    h = bi.GradientFlowHook(name="gf", frequency=1)
+    h._mode = "ref"
+    h._worker = object()  # type: ignore[assignment]  # no thread: the jobs wait for us
+    gen = torch.Generator().manual_seed(3)
+    names, steps = ["a", "b"], {}
+    for step in range(4):
+        a = torch.randn(5, 7, generator=gen)
+        a[0, :3] = 0.0
+        b = torch.randn(6, generator=gen)
+        if step == 2:
+            b[1] = float("nan")
+            if not contiguous:
+                a = torch.randn(7, 5, generator=gen).t()
+        steps[step] = [a, b]
+        assert h._handoff(torch, step, names, [a.numel(), b.numel()], [a, b], None, 0)
+    h._run_jobs()
+    h._verify()
+    h._write_ready()
+    assert [(r["step"], r["param"]) for r in written] == [(s, n) for s in range(4) for n in names]
+    for r in written:
+        g = steps[r["step"]][names.index(r["param"])].numpy().astype(np.float64).ravel()
+        assert r["numel"] == g.size
+        assert r["nan_count"] == int(np.isnan(g).sum()) and r["inf_count"] == 0
+        assert r["zero_frac"] == pytest.approx(float((g == 0).sum()) / g.size)
+        if r["nan_count"]:
+            assert r["norm"] != r["norm"]
+            continue
+        assert r["norm"] == pytest.approx(float(np.sqrt((g * g).sum())), rel=1e-5)
+        assert r["max_abs"] == pytest.approx(float(np.abs(g).max()), rel=1e-6)
+        assert r["mean"] == pytest.approx(float(g.mean()), rel=1e-4, abs=1e-7)
+    assert h.dropped_steps == 0

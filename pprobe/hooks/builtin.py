@@ -667,12 +667,7 @@ class GradientFlowHook(BaseHook):
         """The python.gradient_flow rows of CPU grads, computed now (on the calling thread)."""
         got = native_grad_stats(torch, grads)
         if got is not None:
-            n = len(grads)
-            fl = ([math.sqrt(r[0]) for r in got] + [r[2] for r in got] + [r[3] for r in got]
-                  + [r[1] for r in got])  # fmt: skip
-            ints = [r[4] for r in got] + [r[5] for r in got] + [r[6] for r in got]
-            assert len(fl) == 4 * n
-            return _rows(self.name, step, names, numels, fl, ints, None)
+            return self._native_rows(step, names, numels, got)
         with _plain(torch, grads), torch.no_grad():
             fl, it = grad_stats(torch, grads, counts=False)
             flv, itv = fl.tolist(), it.tolist()
@@ -680,6 +675,15 @@ class GradientFlowHook(BaseHook):
             counts = {j: (int(torch.isnan(grads[j]).sum()), int(torch.isinf(grads[j]).sum()))
                       for j in bad}  # fmt: skip
         return _rows(self.name, step, names, numels, flv, itv, counts)
+
+    def _native_rows(self, step: int, names: list[str], numels: list[int],
+                     got: list[tuple]) -> list[dict[str, Any]]:  # fmt: skip
+        """The rows from :func:`native_grad_stats`' tuples (one per grad)."""
+        fl = ([math.sqrt(r[0]) for r in got] + [r[2] for r in got] + [r[3] for r in got]
+              + [r[1] for r in got])  # fmt: skip
+        ints = [r[4] for r in got] + [r[5] for r in got] + [r[6] for r in got]
+        assert len(fl) == 4 * len(names)
+        return _rows(self.name, step, names, numels, fl, ints, None)
 
     def _handoff(self, torch: Any, step: int, names: list[str], numels: list[int],
                  grads: list[Any], key: Any, nbytes: int) -> bool:  # fmt: skip
@@ -747,30 +751,59 @@ class GradientFlowHook(BaseHook):
             self._write_ready()
 
     def _run_jobs(self) -> None:
-        """Compute the statistics of every hand-off waiting (on whichever thread calls it):
-        a copy's rows are written now, a reference's wait for :meth:`_verify`."""
+        """Compute the statistics of every hand-off waiting (on whichever thread calls it),
+        all of them in one native call where it applies: the thread gives up and takes back
+        the GIL once per wake-up, not once per step (each time it takes it back, the
+        training thread is made to hand it over). A copy's rows are written now, a
+        reference's wait for :meth:`_verify`."""
         torch = _torch()
         while True:
-            with self._job_lock:  # one job at a time: a waiter knows the last one is done
-                try:
-                    step, names, numels, grads, versions, hold = self._jobs.popleft()
-                except IndexError:
+            with self._job_lock:  # a waiter knows that the jobs it saw are done
+                jobs = []
+                while True:
+                    try:
+                        jobs.append(self._jobs.popleft())
+                    except IndexError:
+                        break
+                if not jobs:
                     return
-                try:
-                    with state.internal():
-                        out = self._cpu_rows(torch, step, names, numels, grads)
-                except Exception as e:  # noqa: BLE001 - the program goes on
-                    from . import dispatch
+                outs = self._many_rows(torch, jobs)
+                for (_s, _n, _c, grads, versions, hold), out in zip(jobs, outs):
+                    if versions is None:
+                        record("gradient_flow", out)
+                        with self._lock:
+                            self._free.append(hold)
+                    else:
+                        with self._lock:
+                            self._unverified.append((grads, versions, out, hold))
 
-                    dispatch._failed(self, "after_step", e)
-                    out = []
-                if versions is None:
-                    record("gradient_flow", out)
-                    with self._lock:
-                        self._free.append(hold)
-                else:
-                    with self._lock:
-                        self._unverified.append((grads, versions, out, hold))
+    def _many_rows(self, torch: Any, jobs: list[Any]) -> list[list[dict[str, Any]]]:
+        """Each job's rows: one native call for all their grads, else job by job (as
+        :meth:`_cpu_rows` alone: a job that fails gives no rows and is reported)."""
+        if len(jobs) > 1:
+            try:
+                with state.internal():
+                    got = native_grad_stats(torch, [g for j in jobs for g in j[3]])
+                    if got is not None:
+                        outs, k = [], 0
+                        for step, names, numels, grads, _v, _h in jobs:
+                            outs.append(self._native_rows(step, names, numels,
+                                                          got[k : k + len(grads)]))  # fmt: skip
+                            k += len(grads)
+                        return outs
+            except Exception:  # noqa: BLE001 - job by job below, which reports it
+                pass
+        outs = []
+        for step, names, numels, grads, _v, _h in jobs:
+            try:
+                with state.internal():
+                    outs.append(self._cpu_rows(torch, step, names, numels, grads))
+            except Exception as e:  # noqa: BLE001 - the program goes on
+                from . import dispatch
+
+                dispatch._failed(self, "after_step", e)
+                outs.append([])
+        return outs
 
     def _verify(self) -> None:
         """On the training thread: the rows of grads read by reference are kept when no grad's
