@@ -20,8 +20,8 @@ alternation cancels drift. SystemMonitor's sampler thread keeps running in the "
 too (stopping and restarting it per block would time its start-up): its own CPU, on its own
 thread, is reported apart (``sampler`` CPU per second of the alternation).
 
-GradientFlow is not measured this way: it puts hooks of its own on the optimizer, which the
-"off" blocks do not take away (``--only gradflow`` would understate it).
+GradientFlow is measured by bench/gradflow_cost.py (on-off-off-on blocks that also take its
+own optimizer pre-hook away, and count its statistics thread's work in each block).
 """
 
 from __future__ import annotations
