@@ -41,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=30, help="on/off block pairs per child")
     p.add_argument("--block", type=int, default=100, help="SGD steps per block")
     p.add_argument("--only", default="noop,time_sys", help="variants, comma-separated")
+    p.add_argument("--micro", action="store_true",
+                   help="the machinery's direct cost per step instead (time.thread_time "
+                        "over 20000 calls in one child per variant)")  # fmt: skip
     a = p.parse_args(argv)
+    if a.micro:
+        return micro(a)
     import os
     import tempfile
 
@@ -80,6 +85,38 @@ def main(argv: list[str] | None = None) -> int:
         if sampler[k]:
             line += f"; sampler thread {median(sampler[k]) * 100:.2f} % of a core"
         print(line)
+    return 0
+
+
+def micro(a: argparse.Namespace) -> int:
+    """``--micro``: per step, on steps no hook fires at (and the emits on steps both fire
+    at), in ``children`` children per variant: the median of each."""
+    import tempfile
+
+    kinds = [k for k in a.only.split(",") if k]
+    got: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
+    for c in range(a.children):
+        for k in kinds[c % len(kinds) :] + kinds[: c % len(kinds)]:
+            v = Variant(f"log + {k} micro (native)", probe=True, env={"PPROBE_MODE": "log"},
+                        args={"hooks_ab": k, "hooks_micro": True}, needs_torch=True,
+                        engine="native")  # fmt: skip
+            with tempfile.TemporaryDirectory(prefix="pprobe-bench-") as out_dir:
+                o = run_child("mlp_torch", {"torch_threads": 1, "warmup": 20}, v, out_dir)
+            if o.status != "ok":
+                print(f"{v.name}: {o.status}: {o.error}")
+                return 1
+            for name, us in o.data["micro_us"].items():
+                got[k].setdefault(name, []).append(us)
+    print(f"the hook machinery's direct cost, us per step (time.thread_time over 20000 calls, "
+          f"median of {a.children} children):")  # fmt: skip
+    labels = {"emits": "the bench's two emits, steps no hook fires at",
+              "zero_code": "zero-code pre-hook + step listeners, unclaimed",
+              "zero_code_claimed": "the same, points claimed",
+              "emits_firing": "the bench's two emits, steps the hooks fire at"}  # fmt: skip
+    for k in kinds:
+        print(f"  {NAMES.get(k, k)}:")
+        for name, label in labels.items():
+            print(f"    {label:<48} {median(got[k][name]):6.2f} us")
     return 0
 
 

@@ -332,6 +332,47 @@ def run_ab_quads(out: dict[str, Any]) -> None:
     out["ab_loop_s"] = sum(b[1] for v in blocks.values() for b in v)
 
 
+def run_micro(out: dict[str, Any]) -> None:
+    """hooks_micro: the machinery's direct cost per step, ``time.thread_time`` over ``n``
+    calls in this process, on steps the hooks do not fire at (``step % 10 != 0``) and on
+    steps they fire at (multiples of 10): the bench's two emits (points claimed, as in
+    run_ab), zero-code emission's optimizer pre-hook and step listeners with the points
+    unclaimed (what a plain loop runs) and claimed (what run_ab's "on" blocks run)."""
+    import weakref
+
+    from pprobe.hooks import dispatch, lifecycle
+
+    n = int(ARGS.get("n", 20000))
+    quiet = [s for s in range(1, 2 * n) if s % 10][:n]
+    fire = [10 * s for s in range(1, n // 10 + 1)]
+    lifecycle._optimizer = weakref.ref(opt)
+    lifecycle._seen_optimizers[id(opt)] = weakref.ref(opt)
+    dispatch.register_service("model", model)
+
+    def emits(steps: list[int]) -> float:
+        t = time.thread_time()
+        for s in steps:
+            _ph.emit("before_step", source="bench", step=s, model=model)
+            _ph.emit("after_step", source="bench", step=s, model=model)
+        return (time.thread_time() - t) / len(steps)
+
+    def zero_code(steps: list[int]) -> float:
+        t = time.thread_time()
+        for s in steps:
+            lifecycle.pending = s
+            lifecycle._on_optimizer_pre(opt, (), {})
+            lifecycle._on_step_ending(s, s + 1)
+            lifecycle._on_step_change(s, s + 1)
+        return (time.thread_time() - t) / len(steps)
+
+    got = {"emits": emits(quiet), "emits_firing": emits(fire)}
+    dispatch._claimed = None
+    got["zero_code"] = zero_code(quiet)
+    dispatch.claim("bench")
+    got["zero_code_claimed"] = zero_code(quiet)
+    out["micro_us"] = {k: v * 1e6 for k, v in got.items()}
+
+
 def _thread_cpu(sampler: Any) -> float:
     if sampler is None or sampler.thread.ident is None:
         return 0.0
@@ -371,6 +412,8 @@ def main() -> None:
             shutil.rmtree(d, ignore_errors=True)
     elif ARGS.get("ext") == "alternate":
         alternate(out)
+    elif _AB and ARGS.get("hooks_micro"):
+        run_micro(out)
     elif _AB and ARGS.get("ab_quads"):
         run_ab_quads(out)
     elif _AB:
