@@ -26,7 +26,11 @@ import os
 
 from .harness import Variant, median, paired_ci, run_child
 
-NAMES = {"gradflow": "GradientFlow f=1, references", "gradflow_copy": "GradientFlow f=1, copies"}
+NAMES = {
+    "gradflow": "GradientFlow f=1, references",
+    "gradflow_copy": "GradientFlow f=1, copies",
+    "gradflow_nothread": "GradientFlow f=1, no statistics thread (diagnosis)",
+}
 TARGET = 0.10
 
 

@@ -56,6 +56,15 @@ if ARGS.get("ext"):  # the extension API's cost: a table and a metric sampled ev
         return last["n"]
 
 
+class _NoThread:
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+def _nothread(h: Any) -> Any:
+    h._worker = _NoThread()  # _handoff starts no thread when one is set
+    return h
+
+
 _HOOKS = ARGS.get("hooks")  # the built-in hooks' cost (bench/hooks_cost.py)
 #: hooks_ab: the same, measured in this one child by alternating blocks of steps with the
 #: hooks live and with no hook machinery at all (see hooks_ab below)
@@ -71,6 +80,9 @@ if _HOOKS:
                              _bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
         "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, handoff="copy")],
+        # diagnosis: no pprobe-gradflow thread, the hand-offs wait for the block's settle
+        # (hooks_ab with ab_quads only): the statistics never run beside the training thread
+        "gradflow_nothread": lambda: [_nothread(_bi.GradientFlowHook(frequency=1))],
         "time": lambda: [_bi.TimeTrackingHook(frequency=10)],  # diagnosis: one of the two
         "sys": lambda: [_bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "noop": lambda: [_ph.BaseHook()],  # the hook machinery and the emits
