@@ -1232,12 +1232,70 @@ typedef struct {
 #define F16_D(h) half_to_double(h)
 #define BF16_D(h) bf16_to_double(h)
 
+#ifdef VEC_STATS
+/* GRAD_LOOP for float32, 8 lanes (the common gradient): sums in double, min/max in float
+ * (NaN never wins a comparison, as in GRAD_LOOP), non-zeros counted by lane masks */
+CLONES static void grad_f32(const float *x, Py_ssize_t n, double *s_, double *ss_, double *lo_,
+                            double *hi_, long long *nz_) {
+    Py_ssize_t i = 0, n8 = n & ~(Py_ssize_t)7;
+    double s = 0, ss = 0, lo = INFINITY, hi = -INFINITY;
+    long long nz = 0;
+    if (n8) {
+        v4d s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0};
+        v8f vmn = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY,
+                   INFINITY};
+        v8f vmx = -vmn;
+        v8i cnt = {0};
+        for (; i < n8; i += 8) {
+            v8f v;
+            memcpy(&v, x + i, 32);
+            v4d a = LO4(v), b = HI4(v);
+            s0 += a;
+            s1 += b;
+            q0 += a * a;
+            q1 += b * b;
+            v8i lt = v < vmn, gt = v > vmx;
+            vmn = (v8f)(((v8i)v & lt) | ((v8i)vmn & ~lt));
+            vmx = (v8f)(((v8i)v & gt) | ((v8i)vmx & ~gt));
+            cnt -= v != 0; /* a true lane is -1 */
+        }
+        v4d t = s0 + s1, u = q0 + q1;
+        s = (t[0] + t[1]) + (t[2] + t[3]);
+        ss = (u[0] + u[1]) + (u[2] + u[3]);
+        for (int k = 0; k < 8; k++) {
+            if (vmn[k] < lo) lo = vmn[k];
+            if (vmx[k] > hi) hi = vmx[k];
+            nz += cnt[k];
+        }
+    }
+    for (; i < n; i++) {
+        double v = x[i];
+        s += v;
+        ss += v * v;
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        nz += v != 0;
+    }
+    *s_ = s, *ss_ = ss, *lo_ = lo, *hi_ = hi, *nz_ = nz;
+}
+#endif
+
 static void grad_one(GJob *j) {
     double ss = 0, s = 0, lo = INFINITY, hi = -INFINITY;
     long long nz = 0, nan = 0, inf = 0;
     Py_ssize_t n = j->n;
     switch (j->t) {
+#ifdef VEC_STATS
+    case T_F32:
+        if (n < ((Py_ssize_t)1 << 34)) { /* each lane's non-zero count fits in 32 bits */
+            grad_f32((const float *)j->p, n, &s, &ss, &lo, &hi, &nz);
+            break;
+        }
+        GRAD_LOOP(float, AS_DOUBLE);
+        break;
+#else
     case T_F32: GRAD_LOOP(float, AS_DOUBLE); break;
+#endif
     case T_F64: GRAD_LOOP(double, AS_DOUBLE); break;
     case T_F16: GRAD_LOOP(uint16_t, F16_D); break;
     default: GRAD_LOOP(uint16_t, BF16_D); break;
