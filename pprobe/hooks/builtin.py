@@ -29,14 +29,17 @@ from .base import BaseHook, HookRegistry
 _tables: Any = None  # pprobe.ext.tables once imported (no importlib call per row)
 
 
-def record(table: str, rows: Any) -> None:
-    """Rows into python.<table> (the extension API; exporters see them through its tap)."""
+def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Rows into python.<table> (the extension API; exporters see them through its tap).
+    The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
+    table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
     global _tables
     if _tables is None:
         from ..ext import tables
 
         _tables = tables
-    _tables.record(table, rows)
+    _tables._add(table, [rows] if type(rows) is dict else rows)
+    _tables._activate()
 
 
 def run_dir(hook: BaseHook) -> str | None:
