@@ -29,6 +29,7 @@ from .harness import Variant, median, paired_ci, run_child
 NAMES = {
     "gradflow": "GradientFlow f=1, references",
     "gradflow_copy": "GradientFlow f=1, copies",
+    "gradflow_sync": "GradientFlow f=1, on the training thread (async_cpu=False)",
     "gradflow_nothread": "GradientFlow f=1, no statistics thread (diagnosis)",
 }
 TARGET = 0.10

@@ -80,6 +80,8 @@ if _HOOKS:
                              _bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
         "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, handoff="copy")],
+        # the statistics on the training thread (one native call), no hand-off
+        "gradflow_sync": lambda: [_bi.GradientFlowHook(frequency=1, async_cpu=False)],
         # diagnosis: no pprobe-gradflow thread, the hand-offs wait for the block's settle
         # (hooks_ab with ab_quads only): the statistics never run beside the training thread
         "gradflow_nothread": lambda: [_nothread(_bi.GradientFlowHook(frequency=1))],
