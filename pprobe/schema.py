@@ -1,5 +1,8 @@
 """The log's Arrow schemas (documented in docs/schema.md; bump SCHEMA_VERSION on any change).
 
+pprobe.logschema describes the same schemas without pyarrow (the writer's own encoder uses it);
+a test checks that both agree.
+
 Imported only by the writer thread and the query side, never at start-up (pyarrow is heavy).
 """
 
@@ -7,7 +10,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "3"  # 2: tensors.dump_codec, dump_max_abs_error, dump_bytes; 3: stacks
+from .logschema import SCHEMA_VERSION  # noqa: F401  (one version for both descriptions)
 
 OPS = pa.schema(
     [

@@ -1,0 +1,371 @@
+"""A minimal Arrow IPC *stream* encoder: the log's shards written without pyarrow.
+
+Importing pyarrow costs the probed process ~40-45 ms of CPU, and its first use (kernels,
+string dictionaries) as much again: on a short program that alone makes log mode x1.4. The
+log's schemas use six types only (:mod:`pprobe.logschema`), so this module writes Arrow's
+columnar IPC format for exactly those, from NumPy buffers, with no dependency but NumPy:
+
+* ``utf8``, ``int32``, ``int64``, ``float64``, ``bool`` and ``list<int64>``, each with a
+  validity bitmap (left out where a column has no null), every field nullable;
+* the *encapsulated message format*: the continuation marker 0xFFFFFFFF, the metadata's
+  length (int32), a ``Message`` flatbuffer (MetadataVersion V5) padded to 8 bytes, then the
+  body, each buffer padded to 8 bytes, uncompressed;
+* the *streaming format*: one ``Schema`` message (with the schema's custom_metadata), then a
+  ``RecordBatch`` message per batch; the end-of-stream marker (0xFFFFFFFF 0x00000000) is
+  written by :meth:`StreamWriter.close` only, so a writer killed (kill -9) leaves a stream that
+  readers read up to its last complete batch.
+
+The flatbuffers are hand-encoded by :class:`_Builder`, a back-to-front builder as in the
+flatbuffers library, enough for Arrow's ``Schema.fbs`` / ``Message.fbs`` tables (no vtable
+sharing). Columns are :class:`Column` s (buffers in IPC order); :func:`to_pyarrow` turns a batch
+into a ``pyarrow.RecordBatch`` from the same buffers, for the writers that need one (the
+collector's tap, ``PPROBE_LOG_WRITER=pyarrow``).
+
+Spec: https://arrow.apache.org/docs/format/Columnar.html ("Serialization and Interprocess
+Communication"); format/Schema.fbs and format/Message.fbs in apache/arrow.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+#: The types this encoder writes (pprobe.logschema names them the same way).
+UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64 = (
+    "utf8", "int32", "int64", "float64", "bool", "list<int64>",
+)  # fmt: skip
+TYPES = (UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64)
+
+CONTINUATION = b"\xff\xff\xff\xff"
+#: The end-of-stream marker: a continuation and a metadata length of 0.
+EOS = CONTINUATION + b"\x00\x00\x00\x00"
+
+# Message.fbs / Schema.fbs constants
+_V5 = 4  # MetadataVersion.V5
+_HEADER_SCHEMA, _HEADER_RECORD_BATCH = 1, 3  # union MessageHeader
+_T_INT, _T_FLOAT, _T_UTF8, _T_BOOL, _T_LIST = 2, 3, 5, 6, 12  # union Type
+_DOUBLE = 2  # Precision.DOUBLE
+
+_PAD = bytes(8)
+
+
+# ---------------------------------------------------------------------- flatbuffers
+class _Builder:
+    """A back-to-front flatbuffer builder. Objects are written before the objects that point to
+    them (a uoffset points forward); positions are kept as offsets from the buffer's end, so
+    prepending never moves them. Scalars are aligned to their size from the end, and the
+    finished buffer's size is a multiple of 8: aligned from its start as well."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def _prep(self, align: int, extra: int) -> None:
+        """Pad so that ``extra`` bytes prepended next leave the buffer aligned to ``align``."""
+        pad = -(len(self.buf) + extra) % align
+        if pad:
+            self.buf[0:0] = bytes(pad)
+
+    def _put(self, data: bytes, align: int) -> int:
+        self._prep(align, len(data))
+        self.buf[0:0] = data
+        return len(self.buf)
+
+    def string(self, s: str) -> int:
+        data = s.encode("utf-8", "replace")
+        self._prep(4, len(data) + 1)
+        self.buf[0:0] = data + b"\x00"
+        return self._put(struct.pack("<I", len(data)), 4)
+
+    def offsets(self, targets: Sequence[int]) -> int:
+        """A vector of uoffsets to objects already written."""
+        self._prep(4, 4 * (len(targets) + 1))
+        for t in reversed(targets):  # each offset is relative to its own position
+            self.buf[0:0] = struct.pack("<I", len(self.buf) + 4 - t)
+        return self._put(struct.pack("<I", len(targets)), 4)
+
+    def structs(self, data: bytes, count: int) -> int:
+        """A vector of 16-byte structs (two int64s each), given as their bytes."""
+        self._prep(8, len(data))
+        self.buf[0:0] = data
+        return self._put(struct.pack("<I", count), 4)
+
+    def table(self, fields: Sequence[tuple[int, str, Any]]) -> int:
+        """A table of ``(slot, struct code or "off", value)`` fields (absent fields take
+        their default). Wider scalars first, so little padding is needed."""
+        start = len(self.buf)
+        where: dict[int, int] = {}
+        size = {"q": 8, "off": 4, "i": 4, "h": 2, "B": 1, "?": 1}
+        for slot, code, value in sorted(fields, key=lambda f: -size[f[1]]):
+            if code == "off":
+                self._prep(4, 4)
+                self.buf[0:0] = struct.pack("<I", len(self.buf) + 4 - value)
+            else:
+                self._put(struct.pack("<" + code, value), size[code])
+            where[slot] = len(self.buf)
+        self._prep(4, 4)
+        self.buf[0:0] = bytes(4)  # the soffset to the vtable, set below
+        pos = len(self.buf)
+        n = max(where) + 1 if where else 0
+        vt = [4 + 2 * n, pos - start] + [pos - where[s] if s in where else 0 for s in range(n)]
+        vtable = struct.pack(f"<{len(vt)}H", *vt)
+        self.buf[0:0] = vtable  # right before the table: 2-aligned, as the table is 4-aligned
+        struct.pack_into("<i", self.buf, len(vtable), len(vtable))  # vtable = table - soffset
+        return pos
+
+    def finish(self, root: int) -> bytes:
+        self._prep(8, 4)
+        self.buf[0:0] = struct.pack("<I", len(self.buf) + 4 - root)
+        return bytes(self.buf)
+
+
+def _message(b: _Builder, header_type: int, header: int, body_length: int) -> bytes:
+    """The encapsulated message's prefix: continuation, length, the Message flatbuffer
+    (padded to 8 bytes: the body that follows starts 8-aligned)."""
+    msg = b.table([(0, "h", _V5), (1, "B", header_type), (2, "off", header),
+                   (3, "q", body_length)])  # fmt: skip
+    meta = b.finish(msg)
+    meta += bytes(-len(meta) % 8)
+    return CONTINUATION + struct.pack("<i", len(meta)) + meta
+
+
+def _field(b: _Builder, name: str, tp: str) -> int:
+    children: list[int] = []
+    if tp == LIST_INT64:
+        children = [_field(b, "item", INT64)]
+    if tp in (INT32, INT64):
+        t_type, t = _T_INT, b.table([(0, "i", 32 if tp == INT32 else 64), (1, "?", True)])
+    elif tp == FLOAT64:
+        t_type, t = _T_FLOAT, b.table([(0, "h", _DOUBLE)])
+    elif tp == UTF8:
+        t_type, t = _T_UTF8, b.table([])
+    elif tp == BOOL:
+        t_type, t = _T_BOOL, b.table([])
+    elif tp == LIST_INT64:
+        t_type, t = _T_LIST, b.table([])
+    else:
+        raise ValueError(f"arrowipc: no encoding for type {tp!r}")
+    kids = b.offsets(children)
+    nm = b.string(name)
+    return b.table([(0, "off", nm), (1, "?", True), (2, "B", t_type), (3, "off", t),
+                    (5, "off", kids)])  # fmt: skip
+
+
+def schema_message(fields: Sequence[tuple[str, str]], metadata: dict[str, str]) -> bytes:
+    """The stream's first message: the schema (``(name, type)`` fields, all nullable) and its
+    custom_metadata, in the order given."""
+    b = _Builder()
+    kv = []
+    for k, v in metadata.items():
+        vs, ks = b.string(v), b.string(k)
+        kv.append(b.table([(0, "off", ks), (1, "off", vs)]))
+    kvs = b.offsets(kv)
+    fs = b.offsets([_field(b, name, tp) for name, tp in fields])
+    sch = b.table([(1, "off", fs), (2, "off", kvs)])
+    return _message(b, _HEADER_SCHEMA, sch, 0)
+
+
+# ---------------------------------------------------------------------- columns
+class Column:
+    """One column's Arrow data: ``buffers`` in IPC order (validity first; None: no validity
+    bitmap, the column has no null), a list's values in ``child``. A buffer is anything with
+    the buffer protocol (NumPy arrays, bytes)."""
+
+    __slots__ = ("length", "null_count", "buffers", "child")
+
+    def __init__(self, length: int, null_count: int, buffers: list, child: Column | None = None):
+        self.length = length
+        self.null_count = null_count
+        self.buffers = buffers
+        self.child = child
+
+
+def _validity(np: Any, valid: Any) -> tuple[int, Any]:
+    """(null count, bitmap or None) of a bool mask (LSB first, as Arrow's bitmaps)."""
+    n = len(valid)
+    ok = int(np.count_nonzero(valid))
+    if ok == n:
+        return 0, None
+    return n - ok, np.packbits(valid, bitorder="little")
+
+
+def nulls(np: Any, tp: str, n: int) -> Column:
+    """n nulls of type ``tp`` (zeroed buffers of the right sizes)."""
+    bitmap = bytes((n + 7) // 8)
+    if tp == UTF8:
+        return Column(n, n, [bitmap, bytes(4 * (n + 1)), b""])
+    if tp == LIST_INT64:
+        return Column(n, n, [bitmap, bytes(4 * (n + 1))], Column(0, 0, [None, b""]))
+    width = {INT32: 4, INT64: 8, FLOAT64: 8}.get(tp)
+    return Column(n, n, [bitmap, bitmap if width is None else bytes(width * n)])
+
+
+def ints(np: Any, values: Any, tp: str, valid: Any = None) -> Column:
+    """An int32/int64 column of ``values`` (NumPy), null where ``valid`` is False."""
+    values = np.ascontiguousarray(values, dtype=np.int32 if tp == INT32 else np.int64)
+    n = len(values)
+    if valid is None:
+        return Column(n, 0, [None, values])
+    k, bitmap = _validity(np, valid)
+    if k == n and n:
+        return nulls(np, tp, n)
+    return Column(n, k, [bitmap, values])
+
+
+def floats(np: Any, values: Any, valid: Any) -> Column:
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    k, bitmap = _validity(np, valid)
+    return Column(len(values), k, [bitmap, values])
+
+
+def bools(np: Any, values: Any, valid: Any) -> Column:
+    k, bitmap = _validity(np, valid)
+    data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
+    return Column(len(valid), k, [bitmap, data])
+
+
+def strings(np: Any, offsets: Any, data: Any, valid: Any = None) -> Column:
+    """A utf8 column from its int32 offsets (n + 1) and UTF-8 bytes."""
+    n = len(offsets) - 1
+    if valid is None:
+        return Column(n, 0, [None, offsets, data])
+    k, bitmap = _validity(np, valid)
+    return Column(n, k, [bitmap, offsets, data])
+
+
+def texts(np: Any, vals: list) -> Column:
+    """A utf8 column of Python values (str or None): the columns of per-call objects (args,
+    dump paths, notes), the only ones looked at one by one."""
+    n = len(vals)
+    if vals.count(None) == n:
+        return nulls(np, UTF8, n)
+    v0 = vals[0]
+    if type(v0) is str and vals.count(v0) == n:  # one value repeated
+        e0 = v0.encode("utf-8", "replace")
+        return strings(np, np.arange(n + 1, dtype=np.int32) * np.int32(len(e0)), e0 * n)
+    enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
+    data = b"".join(enc)
+    if len(data) >= 1 << 31:
+        raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
+    valid = np.fromiter((v is not None for v in vals), dtype=bool, count=n)
+    return strings(np, offsets, data, valid)
+
+
+def int64_lists(np: Any, offsets: Any, values: Any) -> Column:
+    """A list<int64> column (no null list) from int32 offsets (n + 1) and its values."""
+    values = np.ascontiguousarray(values, dtype=np.int64)
+    child = Column(len(values), 0, [None, values])
+    return Column(len(offsets) - 1, 0, [None, np.ascontiguousarray(offsets, np.int32)], child)
+
+
+# ---------------------------------------------------------------------- batches
+class Batch:
+    """A record batch: ``n`` rows of ``columns`` in the schema ``fields`` (name, type)."""
+
+    __slots__ = ("fields", "num_rows", "columns")
+
+    def __init__(self, fields: Sequence[tuple[str, str]], n: int, columns: list[Column]):
+        if len(columns) != len(fields):
+            raise ValueError(f"arrowipc: {len(columns)} columns for {len(fields)} fields")
+        self.fields = fields
+        self.num_rows = n
+        self.columns = columns
+
+
+def _nbytes(buf: Any) -> int:
+    return 0 if buf is None else memoryview(buf).nbytes
+
+
+def batch_message(batch: Batch) -> list:
+    """The RecordBatch message of ``batch``: its pieces (metadata, then each body buffer and
+    its padding), to be written in one go (``b"".join``)."""
+    nodes: list[int] = []
+    spans: list[int] = []
+    body: list = []
+    pos = 0
+    todo = list(reversed(batch.columns))
+    while todo:  # pre-order: a list's node and buffers, then its child's
+        c = todo.pop()
+        nodes += (c.length, c.null_count)
+        for buf in c.buffers:
+            size = _nbytes(buf)
+            spans += (pos, size)
+            if size:
+                body.append(buf)
+                pad = -size % 8
+                if pad:
+                    body.append(_PAD[:pad])
+                pos += size + pad
+        if c.child is not None:
+            todo.append(c.child)
+    b = _Builder()
+    bufs = b.structs(struct.pack(f"<{len(spans)}q", *spans), len(spans) // 2)
+    nds = b.structs(struct.pack(f"<{len(nodes)}q", *nodes), len(nodes) // 2)
+    rb = b.table([(0, "q", batch.num_rows), (1, "off", nds), (2, "off", bufs)])
+    return [_message(b, _HEADER_RECORD_BATCH, rb, pos), *body]
+
+
+class StreamWriter:
+    """One stream file: the schema message when opened, a message per batch, each written
+    with one ``os.write`` loop (a reader never sees half a batch as whole), EOS at close."""
+
+    def __init__(self, fd: int, fields: Sequence[tuple[str, str]], metadata: dict[str, str]):
+        self.fd = fd
+        self.fields = tuple(fields)
+        self._write(schema_message(self.fields, metadata))
+
+    def _write(self, data: bytes) -> None:
+        from .safefs import write_all
+
+        write_all(self.fd, data)
+
+    def write_batch(self, batch: Batch) -> None:
+        if tuple(batch.fields) != self.fields:
+            raise ValueError("arrowipc: a batch of another schema than the stream's")
+        self._write(b"".join(batch_message(batch)))
+
+    def close(self) -> None:
+        import os
+
+        if self.fd < 0:
+            return
+        try:
+            self._write(EOS)
+        finally:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+# ---------------------------------------------------------------------- pyarrow
+def pa_type(pa: Any, tp: str) -> Any:
+    return {
+        UTF8: pa.string(),
+        INT32: pa.int32(),
+        INT64: pa.int64(),
+        FLOAT64: pa.float64(),
+        BOOL: pa.bool_(),
+        LIST_INT64: pa.list_(pa.int64()),
+    }[tp]
+
+
+def pa_schema(
+    pa: Any, fields: Sequence[tuple[str, str]], metadata: dict[str, str] | None = None
+) -> Any:
+    return pa.schema([(name, pa_type(pa, tp)) for name, tp in fields], metadata=metadata)
+
+
+def _pa_array(pa: Any, tp: Any, c: Column) -> Any:
+    bufs = [None if b is None else pa.py_buffer(b) for b in c.buffers]
+    children = None if c.child is None else [_pa_array(pa, tp.value_type, c.child)]
+    return pa.Array.from_buffers(tp, c.length, bufs, null_count=c.null_count, children=children)
+
+
+def to_pyarrow(batch: Batch, metadata: dict[str, str] | None = None) -> Any:
+    """The batch as a ``pyarrow.RecordBatch`` made from the same buffers (no copy)."""
+    import pyarrow as pa
+
+    sch = pa_schema(pa, batch.fields, metadata)
+    arrays = [_pa_array(pa, f.type, c) for f, c in zip(sch, batch.columns)]
+    return pa.RecordBatch.from_arrays(arrays, schema=sch)
