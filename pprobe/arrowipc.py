@@ -233,6 +233,18 @@ def strings(np: Any, offsets: Any, data: Any, valid: Any = None) -> Column:
     return Column(n, k, [bitmap, offsets, data])
 
 
+def repeat_bytes(np: Any, data: bytes, n: int) -> Column:
+    """A utf8 column of one value (UTF-8 ``data``) n times."""
+    if len(data) * n >= 1 << 31:
+        raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
+    return strings(np, np.arange(n + 1, dtype=np.int32) * np.int32(len(data)), data * n)
+
+
+def repeat(np: Any, s: str, n: int) -> Column:
+    """A utf8 column of one string n times (run_id, host)."""
+    return repeat_bytes(np, s.encode("utf-8", "replace"), n)
+
+
 def texts(np: Any, vals: list) -> Column:
     """A utf8 column of Python values (str or None): the columns of per-call objects (args,
     dump paths, notes), the only ones looked at one by one."""
@@ -241,8 +253,7 @@ def texts(np: Any, vals: list) -> Column:
         return nulls(np, UTF8, n)
     v0 = vals[0]
     if type(v0) is str and vals.count(v0) == n:  # one value repeated
-        e0 = v0.encode("utf-8", "replace")
-        return strings(np, np.arange(n + 1, dtype=np.int32) * np.int32(len(e0)), e0 * n)
+        return repeat(np, v0, n)
     enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
     data = b"".join(enc)
     if len(data) >= 1 << 31:
@@ -327,14 +338,20 @@ class StreamWriter:
         self._write(b"".join(batch_message(batch)))
 
     def close(self) -> None:
-        import os
-
+        """The end-of-stream marker, then the file closed."""
         if self.fd < 0:
             return
         try:
             self._write(EOS)
         finally:
-            fd, self.fd = self.fd, -1
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Close the file without ending the stream (a forked child's copy of the parent's)."""
+        import os
+
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
             os.close(fd)
 
 

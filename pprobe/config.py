@@ -24,6 +24,7 @@ MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
 DUMP_FULL = ("wait", "skip")
 BUFFER_FULL = ("wait", "drop")
+LOG_WRITERS = ("auto", "pprobe", "pyarrow")
 DUMP_CODECS = ("npy", "zstd", "sparse", "int8", "fp16", "bf16")  # pprobe.codecs.BUILTIN
 FRAMEWORKS = ("numpy", "torch")
 INTEGRATIONS = ("lightning", "transformers", "accelerate")  # pprobe/integrations/
@@ -609,6 +610,16 @@ SETTINGS: tuple[Setting, ...] = (
         "as `pprobe.rows_dropped` rows).",
     ),
     Setting(
+        "log_writer",
+        "PPROBE_LOG_WRITER",
+        "auto",
+        _choice(LOG_WRITERS),
+        "Who encodes the log's shards: pprobe (its own Arrow IPC encoder: pyarrow is never "
+        "imported into the program to write the log; uncompressed), pyarrow (pyarrow's writer, "
+        "LZ4-compressed), auto (pyarrow where the process needs it anyway, a collector's tap "
+        "(PPROBE_COLLECTOR); pprobe otherwise). meta.json's core.log_writer says which ran.",
+    ),
+    Setting(
         "flush_seconds",
         "PPROBE_FLUSH_SECONDS",
         1.0,
@@ -831,6 +842,7 @@ class Config:
     flush_rows: int = 16384
     buffer_rows: int = 65536
     buffer_full: str = "wait"
+    log_writer: str = "auto"
     flush_seconds: float = 1.0
     permissions: str = "private"
     summary_line: str = "auto"

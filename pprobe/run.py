@@ -185,7 +185,8 @@ class Run:
             "end": self.end,
             "exit": self.exit,
             "coverage": self.coverage,
-            "core": core.facts(),
+            # the engines, and who encodes the log (pprobe.writer.Writer.log_writer)
+            "core": {**core.facts(), **(writer.facts() if writer is not None else {})},
             "dumps": dumper.summary() if dumper is not None else None,
             "rows_written": writer.rows_written if writer is not None else 0,
             "rows_dropped": writer.rows_dropped if writer is not None else 0,

@@ -63,6 +63,7 @@ class Session:
             self.run.folder,
             buffer_rows=config.buffer_rows,
             drop=config.buffer_full == "drop",
+            log_writer=config.log_writer,
         )
         self.forwarder: Any = None  # pprobe.collect.client.Forwarder (PPROBE_COLLECTOR)
         self.installed: dict[str, Any] = {}

@@ -1,13 +1,17 @@
 """Streaming the recorded rows to Arrow IPC stream files, one shard per process.
 
 A daemon thread wakes every ``flush_seconds`` (or when the hot path has buffered
-``flush_rows`` rows), drains :data:`pprobe.recorder.buffer`, builds one RecordBatch per table
+``flush_rows`` rows), drains :data:`pprobe.recorder.buffer`, builds one record batch per table
 and appends it to ``log/tensors-{host}-{pid}.arrows`` then ``log/ops-{host}-{pid}.arrows``
 (tensors first, so every visible op row has its tensor rows). Arrow's *stream* format is used
 because a reader can read it up to the last complete batch after the writer was killed; the
 *file* format is unreadable without its footer.
 
-pyarrow is imported in the writer thread on the first flush, never at start-up.
+The columns are built with NumPy only (:mod:`pprobe.arrowipc` columns: buffers in Arrow's
+layout) and encoded by pprobe's own IPC encoder: pyarrow is never imported into the program to
+write its log (its import and first use cost more CPU than a short program's whole log). The
+pyarrow writer stays where pyarrow is needed anyway (a collector's tap gets pyarrow batches)
+and on request: ``PPROBE_LOG_WRITER`` (:meth:`Writer.log_writer`); it writes the same columns.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, recorder, records, safefs, state, values
+from . import _report, logschema, recorder, records, safefs, state, values
 from .state import INTERNAL
 
 #: The longest a fork waits for a flush in progress. A flush takes milliseconds, but the first
@@ -41,6 +45,7 @@ class Writer:
         folder: safefs.RunDir | None = None,
         buffer_rows: int = 0,
         drop: bool = False,
+        log_writer: str = "auto",
     ) -> None:
         self.run_dir = run_dir
         self.folder = folder  # the run folder, held open (pprobe.safefs)
@@ -56,6 +61,7 @@ class Writer:
         self.failed = False
         self.buffer_rows = buffer_rows
         self.drop = drop
+        self.log_writer_setting = log_writer  # PPROBE_LOG_WRITER: auto | pprobe | pyarrow
         #: pprobe.collect.client.Forwarder.submit when PPROBE_COLLECTOR is set: each batch is
         #: handed to it on this writer's thread; ``keep_local`` False writes no local shard.
         self.tap: Any = None
@@ -72,6 +78,13 @@ class Writer:
         self._fork_locked = False
         self.sinks: dict[str, Any] = {}
         self.thread: threading.Thread | None = None
+        #: the shards' schema custom_metadata
+        self.meta = {
+            "pprobe.schema_version": logschema.SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "pid": str(self.pid),
+            "host": self.host,
+        }
         self._strings = _Strings()
         self._ops_sids: tuple | None = None
         self._sites_sids: tuple = ((), ())
@@ -125,8 +138,7 @@ class Writer:
         with self.lock:
             for sink in self.sinks.values():
                 try:
-                    sink[0].close()
-                    sink[1].close()
+                    sink.close()
                 except Exception:
                     pass
             self.sinks.clear()
@@ -148,6 +160,11 @@ class Writer:
 
     def after_fork_child(self) -> None:
         """A forked child writes its own shard with its own thread; the parent's are not ours."""
+        for sink in self.sinks.values():
+            try:
+                sink.abandon()  # the child's copy of the descriptor (the parent's stays open)
+            except Exception:
+                pass
         self.rows_written = self.batches = 0
         self._init_process()
         self.start()
@@ -217,54 +234,68 @@ class Writer:
             except Exception as e:
                 _report.internal_error("recycling the record buffer", e)
 
+    def log_writer(self) -> tuple[str, str]:
+        """(who encodes this process's shards, why): ``pprobe`` (:mod:`pprobe.arrowipc`) or
+        ``pyarrow``. auto means pprobe's encoder, unless a collector's tap is set: the tap
+        takes pyarrow batches, so pyarrow is in the process anyway and its LZ4 shards are
+        smaller."""
+        setting = self.log_writer_setting
+        if setting in ("pprobe", "pyarrow"):
+            return setting, f"PPROBE_LOG_WRITER={setting}"
+        if self.tap is not None:
+            return "pyarrow", "auto: a collector's tap (PPROBE_COLLECTOR) takes pyarrow batches"
+        return "pprobe", "auto"
+
+    def facts(self) -> dict[str, str]:
+        """What meta.json's ``core`` says about the log's writer."""
+        name, why = self.log_writer()
+        return {"log_writer": name, "log_writer_reason": why}
+
     def _write(self, table: str, batch: Any) -> None:
+        """Hand ``batch`` (an arrowipc.Batch) to the tap and append it to the table's shard."""
         tap = self.tap
         if tap is not None:
-            tap(table, batch)  # never raises (pprobe.collect.client.Forwarder.submit)
+            from .arrowipc import to_pyarrow
+
+            tap(table, to_pyarrow(batch, self.meta))  # never raises (collect.client.Forwarder)
             if not self.keep_local:
                 return
         if batch.num_rows == 0 and table in self.sinks:
             return
         sink = self.sinks.get(table)
         if sink is None:
-            import pyarrow as pa
-
             if self.log is None:
                 folder = self.folder or safefs.RunDir.open(self.run_dir)
                 self.log = folder.subdir("log")
             name = f"{table}-{self.host}-{self.pid}.arrows"
-            f = self.log.create_for(name, lambda path: pa.OSFile(path, "ab"))
-            opts = pa.ipc.IpcWriteOptions(compression="lz4")
-            w = pa.ipc.new_stream(f, batch.schema, options=opts)
-            sink = self.sinks[table] = (w, f)
-        sink[0].write_batch(batch)
-        sink[1].flush()
+            if self.log_writer()[0] == "pyarrow":
+                sink = _PyarrowSink(self.log, name, batch.fields, self.meta)
+            else:
+                from .arrowipc import StreamWriter
+
+                sink = StreamWriter(self.log.create(name), batch.fields, self.meta)
+            self.sinks[table] = sink
+        sink.write_batch(batch)
 
     def _to_batches(self, heads: bytes, descs: bytes, objs: list, n: int) -> tuple[Any, Any]:
-        """Records (pprobe.records) -> (ops, tensors) RecordBatches, column by column.
+        """Records (pprobe.records) -> (ops, tensors) record batches (arrowipc.Batch), column
+        by column, with NumPy only.
 
-        Fixed fields go from the record buffers to Arrow through NumPy views; texts are ids
-        into records.strings, gathered in bulk (:class:`_Strings`). Only the rare per-call
-        objects (args, dump paths, notes, deep shapes) are looked at one by one. Nothing here
-        builds a list of Python ints (NumPy's tests count small-int references) or imports a
-        module the program did not import (pyarrow.compute would bring dateutil)."""
+        Fixed fields go from the record buffers to Arrow's layout through NumPy views; texts
+        are ids into records.strings, gathered in bulk (:class:`_Strings`). Only the rare
+        per-call objects (args, dump paths, notes, deep shapes) are looked at one by one.
+        Nothing here builds a list of Python ints per row (NumPy's tests count small-int
+        references) or imports a module the program did not import (pyarrow among them)."""
         import numpy as np
-        import pyarrow as pa
 
-        from . import schema
+        from . import arrowipc as A
 
         op_dt, desc_dt = records.numpy_dtypes()
-        meta = {
-            "pprobe.schema_version": schema.SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "pid": str(self.pid),
-            "host": self.host,
-        }
         ops = np.frombuffer(heads, dtype=op_dt)
         strs = self._strings
-        strs.refresh()
-        # Per op index and per call site: string ids, extended as ops and sites appear.
-        op_ids = self._op_table(np)
+        op_index = ops["op"]
+        # Per op index and per call site: string ids, named as ops and sites appear.
+        op_ids = self._op_table(np, op_index)
         site_ids = self._site_table(np)
         seq = ops["seq"]
         t0 = ops["t0"]
@@ -276,8 +307,6 @@ class Writer:
             thr_u, thr_inv = np.unique(threads, return_inverse=True)
         names = [state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
         thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
-        strs.refresh()
-        op_index = ops["op"]
         stack = ops["site"]  # a call stack's id (recorder.stack_*): its first frame: the site
         has_site = stack >= 0
         st_site = recorder.stack_site
@@ -286,36 +315,34 @@ class Writer:
         site_safe = first[np.where(has_site, stack, 0)]
         parent = ops["parent"]
         args = self._args(ops["args"], objs)
+        strs.refresh()
+        gather = strs.gather
         ops_cols = [
-            strs.const(self.run_id, n),
-            strs.const(self.host, n),
-            _ints(pa, np, np.full(n, self.pid), pa.int64()),
-            _nulls(pa, n, pa.int32())
-            if state.rank is None
-            else _ints(pa, np, np.full(n, state.rank), pa.int32()),
-            _nulls(pa, n, pa.int32())
-            if state.world_size is None
-            else _ints(pa, np, np.full(n, state.world_size), pa.int32()),
-            _ints(pa, np, seq, pa.int64()),
-            strs.gather(thread_sids[thr_inv.reshape(-1)]),
-            _ints(pa, np, t0 + self.epoch0, pa.int64()),
-            _ints(pa, np, ops["t1"] - t0, pa.int64()),
-            strs.gather(op_ids[0][op_index]),
-            strs.gather(op_ids[1][op_index]),
-            strs.gather(op_ids[2][op_index]),
-            strs.gather(op_ids[3][op_index]),
-            strs.gather(ops["status"]),
-            strs.gather(np.where(has_site, site_ids[0][site_safe], -1)),
-            strs.gather(np.where(has_site, site_ids[1][site_safe], -1)),
-            strs.gather(ops["module"]),
-            strs.gather(ops["phase"]),
-            _ints(pa, np, ops["step"], pa.int64()),
-            _ints(pa, np, ops["depth"], pa.int32()),
-            _ints(pa, np, parent, pa.int64(), parent >= 0),
-            _texts(pa, np, args),
-            _ints(pa, np, stack, pa.int64(), has_site),
+            A.repeat(np, self.run_id, n),
+            A.repeat(np, self.host, n),
+            A.ints(np, np.full(n, self.pid), A.INT64),
+            _const_int(np, A, state.rank, n),
+            _const_int(np, A, state.world_size, n),
+            A.ints(np, seq, A.INT64),
+            gather(thread_sids[thr_inv.reshape(-1)]),
+            A.ints(np, t0 + self.epoch0, A.INT64),
+            A.ints(np, ops["t1"] - t0, A.INT64),
+            gather(op_ids[0][op_index]),
+            gather(op_ids[1][op_index]),
+            gather(op_ids[2][op_index]),
+            gather(op_ids[3][op_index]),
+            gather(ops["status"]),
+            gather(np.where(has_site, site_ids[0][site_safe], -1)),
+            gather(np.where(has_site, site_ids[1][site_safe], -1)),
+            gather(ops["module"]),
+            gather(ops["phase"]),
+            A.ints(np, ops["step"], A.INT64),
+            A.ints(np, ops["depth"], A.INT32),
+            A.ints(np, parent, A.INT64, parent >= 0),
+            A.texts(np, args),
+            A.ints(np, stack, A.INT64, has_site),
         ]
-        ops_batch = pa.RecordBatch.from_arrays(ops_cols, schema=schema.OPS.with_metadata(meta))
+        ops_batch = A.Batch(logschema.OPS, n, ops_cols)
         ds = np.frombuffer(descs, dtype=desc_dt)
         m = len(ds)
         stats_kind = ds["stats"]
@@ -354,30 +381,29 @@ class Writer:
                 if paths[d] in failed:  # the dump writer could not write it
                     notes[d] = failed[paths[d]]
                     paths[d] = None
-        codec_cols = self._codec_columns(pa, np, dumper, paths, with_path, m)
+        codec_cols = self._codec_columns(np, A, dumper, paths, with_path, m)
         has_stats = stats_kind != records.STATS_NONE
         grad = ds["grad"]
         t_cols = [
-            strs.const(self.run_id, m),
-            _ints(pa, np, np.full(m, self.pid), pa.int64()),
-            _ints(pa, np, ds["seq"], pa.int64()),
-            strs.gather(ds["role"]),
-            strs.gather(ds["idx"]),
-            _shapes(pa, np, ds, objs),
-            strs.gather(ds["dtype"]),
-            strs.gather(ds["device"]),
-            _bools(pa, np, grad == 1, grad >= 0),
-            *(_floats(pa, np, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
-            *(_ints(pa, np, cols[f], pa.int64(), cols[f] >= 0) for f in ("nan", "inf")),
-            _texts(pa, np, paths),
-            _texts(pa, np, notes),
+            A.repeat(np, self.run_id, m),
+            A.ints(np, np.full(m, self.pid), A.INT64),
+            A.ints(np, ds["seq"], A.INT64),
+            gather(ds["role"]),
+            gather(ds["idx"]),
+            _shapes(np, A, ds, objs),
+            gather(ds["dtype"]),
+            gather(ds["device"]),
+            A.bools(np, grad == 1, grad >= 0),
+            *(_stat_floats(np, A, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
+            *(A.ints(np, cols[f], A.INT64, cols[f] >= 0) for f in ("nan", "inf")),
+            A.texts(np, paths),
+            A.texts(np, notes),
             *codec_cols,
         ]
-        tensors = pa.RecordBatch.from_arrays(t_cols, schema=schema.TENSORS.with_metadata(meta))
-        return ops_batch, tensors
+        return ops_batch, A.Batch(logschema.TENSORS, m, t_cols)
 
     def _codec_columns(
-        self, pa: Any, np: Any, dumper: Any, paths: list, with_path: list, m: int
+        self, np: Any, A: Any, dumper: Any, paths: list, with_path: list, m: int
     ) -> tuple:
         """dump_codec, dump_max_abs_error, dump_bytes of the rows that point to a dump (the
         dump writer has written them: barrier)."""
@@ -398,9 +424,9 @@ class Writer:
                 if info[2] is not None:
                     size[d], has_size[d] = info[2], True
         return (
-            _texts(pa, np, codec),
-            _floats(pa, np, err, has_err),
-            _ints(pa, np, size, pa.int64(), has_size),
+            A.texts(np, codec),
+            _stat_floats(np, A, err, has_err),
+            A.ints(np, size, A.INT64, has_size),
         )
 
     def _args(self, refs: Any, objs: list) -> list:
@@ -431,62 +457,81 @@ class Writer:
         return out
 
     def _stacks_batch(self) -> Any:
-        """The stacks interned since the last batch (recorder.stack_*), one row per frame."""
+        """The stacks interned since the last batch (recorder.stack_*), one row per frame,
+        level 0 the call site: each stack's chain of ``stack_inner`` links walked for all new
+        stacks at once, names from the call-site table (no Python work per frame)."""
         inner, outer = recorder.stack_inner, recorder.stack_outer
-        n = len(inner)
+        n = min(len(inner), len(outer))
         k = self._stacks_done
         if k >= n and "stacks" in self.sinks:
             return None  # (the first batch may be empty: every process has its stacks shard)
         import numpy as np
-        import pyarrow as pa
 
-        from . import schema
+        from . import arrowipc as A
 
-        sites = recorder.sites
-        ids: list[int] = []
-        levels: list[int] = []
-        callers: list = []
-        funcs: list = []
-        for sid in range(k, n):
-            frames = []
-            j = sid
-            while 0 <= j < n:  # from the outermost frame in
-                frames.append(outer[j])
-                j = inner[j]
-            for level, site in enumerate(reversed(frames)):
-                ids.append(sid)
-                levels.append(level)
-                if 0 <= site < len(sites):
-                    code, line = sites[site]
-                    callers.append(f"{code.co_filename}:{line}")
-                    funcs.append(getattr(code, "co_qualname", code.co_name))
-                else:  # not a site of this process (never from the engines)
-                    callers.append(None)
-                    funcs.append(None)
-        self._stacks_done = n
+        # copies in one call each: an exported buffer would stop the recording thread's appends
+        inner_a = np.frombuffer(inner.tobytes(), dtype=np.int64)[:n]
+        outer_a = np.frombuffer(outer.tobytes(), dtype=np.int64)[:n]
+        owners, frames, steps = [], [], []
+        owner = np.arange(k, max(n, k), dtype=np.int64)
+        cur = owner
+        depth = np.zeros(len(owner), dtype=np.int64)
+        j = 0
+        while len(cur) and j <= n:  # j-th link of every chain still going (j <= n: no cycle)
+            owners.append(owner)
+            frames.append(outer_a[cur])
+            steps.append(np.full(len(cur), j, dtype=np.int64))
+            depth[owner - k] += 1
+            nxt = inner_a[cur]
+            keep = (nxt >= 0) & (nxt < n)
+            cur, owner = nxt[keep], owner[keep]
+            j += 1
+        if owners:
+            own = np.concatenate(owners)
+            level = depth[own - k] - 1 - np.concatenate(steps)  # the chain's last link: 0
+            order = np.lexsort((level, own))
+            ids, levels, site = own[order], level[order], np.concatenate(frames)[order]
+        else:
+            ids = levels = site = np.zeros(0, dtype=np.int64)
+        self._stacks_done = max(n, k)
+        site_ids = self._site_table(np)
+        ok = (site >= 0) & (site < len(recorder.sites)) & (site < len(site_ids[0]))
+        safe = np.where(ok, site, 0)
+        self._strings.refresh()
         m = len(ids)
         cols = [
-            self._strings.const(self.run_id, m),
-            _ints(pa, np, np.full(m, self.pid), pa.int64()),
-            _ints(pa, np, np.array(ids, dtype=np.int64), pa.int64()),
-            _ints(pa, np, np.array(levels, dtype=np.int32), pa.int32()),
-            _texts(pa, np, callers),
-            _texts(pa, np, funcs),
+            A.repeat(np, self.run_id, m),
+            A.ints(np, np.full(m, self.pid), A.INT64),
+            A.ints(np, ids, A.INT64),
+            A.ints(np, levels, A.INT32),
+            self._strings.gather(np.where(ok, site_ids[0][safe], -1)),
+            self._strings.gather(np.where(ok, site_ids[1][safe], -1)),
         ]
-        meta = {"pprobe.schema_version": schema.SCHEMA_VERSION, "run_id": self.run_id,
-                "pid": str(self.pid), "host": self.host}  # fmt: skip
-        return pa.RecordBatch.from_arrays(cols, schema=schema.STACKS.with_metadata(meta))
+        return A.Batch(logschema.STACKS, m, cols)
 
-    def _op_table(self, np: Any) -> tuple:
-        """(framework, op, kind, ufunc) string ids per op index."""
-        ops = recorder.ops_by_index
+    def _op_table(self, np: Any, op_index: Any) -> tuple:
+        """(framework, op, kind, ufunc) string ids per op index, named for the ops that appear
+        in a batch only (-2: not named yet; the probe knows thousands of ops)."""
+        known = len(recorder.ops_by_index)
         t = self._ops_sids
-        if t is None or len(t[0]) < len(ops):
-            sid, opt = records.sid, records.sid_or_none
-            cols = ([sid(o.framework) for o in ops], [sid(o.name) for o in ops],
-                    [sid(o.kind) for o in ops], [opt(o.ufunc) for o in ops])  # fmt: skip
-            t = self._ops_sids = tuple(np.array(c, dtype=np.int64) for c in cols)
-            self._strings.refresh()
+        if t is None or len(t[0]) < known:
+            old = 0 if t is None else len(t[0])
+            grown = tuple(np.full(known, -2, dtype=np.int64) for _ in range(4))
+            for a, b in zip(grown, t or ()):
+                a[:old] = b
+            t = self._ops_sids = grown
+        if len(op_index):
+            unnamed = op_index[t[0][op_index] == -2]
+            if len(unnamed):  # (not np.unique: it imports numpy.ma)
+                seen = np.zeros(known, dtype=bool)
+                seen[unnamed] = True
+                need = np.flatnonzero(seen)
+                ops = recorder.ops_by_index
+                sid, opt = records.sid, records.sid_or_none
+                for i in need:  # NumPy ints, each op once per process
+                    o = ops[i]
+                    t[0][i], t[1][i] = sid(o.framework), sid(o.name)
+                    t[2][i], t[3][i] = sid(o.kind), opt(o.ufunc)
         return t
 
     def _site_table(self, np: Any) -> tuple:
@@ -499,75 +544,159 @@ class Writer:
             callers = [records.sid(f"{code.co_filename}:{line}") for code, line in new]
             funcs = [records.sid(getattr(code, "co_qualname", code.co_name)) for code, _ in new]
             t = self._sites_sids = (
-                np.concatenate([t[0], np.array(callers, dtype=np.int64)]),
-                np.concatenate([t[1], np.array(funcs, dtype=np.int64)]),
+                np.concatenate([np.asarray(t[0], np.int64), np.array(callers, np.int64)]),
+                np.concatenate([np.asarray(t[1], np.int64), np.array(funcs, np.int64)]),
             )
-            self._strings.refresh()
         if not len(t[0]):
             return (np.full(1, -1, dtype=np.int64), np.full(1, -1, dtype=np.int64))
         return t
 
 
 class _Strings:
-    """records.strings as an Arrow string array: a column of string ids becomes a string
-    column by Arrow's ``take`` kernel, with no Python work per row. ``pyarrow._compute`` is
-    pyarrow's own extension module; ``pyarrow.compute`` (which imports pydoc and, where it is
-    installed, dateutil into the program's process) is not used."""
+    """records.strings as UTF-8 in NumPy, for string columns made from string ids with no
+    Python work per row: the ids' lengths give the offsets, and the bytes come from a
+    fixed-width table of every string (``S{width}``, one per power-of-two width, extended as
+    strings are interned): rows gathered by id, then their padding cut by a mask."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.dictionary: Any = None
-        self._consts: dict[int, Any] = {}
+        self.encoded: list[bytes] = []
+        self.lens: Any = None  # UTF-8 length per id (int64)
+        self._tables: dict[int, Any] = {}
 
     def refresh(self) -> None:
         import numpy as np
-        import pyarrow as pa
 
         n = len(records.strings)
-        if n != self.count:
-            self.dictionary = _texts(pa, np, records.strings[:n])
-            self.count = n
+        if n == self.count:
+            return
+        new = [s.encode("utf-8", "replace") for s in records.strings[self.count : n]]
+        self.encoded += new
+        lens = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
+        self.lens = lens if self.lens is None else np.concatenate([self.lens, lens])
+        for w, t in list(self._tables.items()):
+            self._tables[w] = np.concatenate([t, np.array(new, dtype=t.dtype)])
+        self.count = n
+
+    def _table(self, width: int) -> Any:
+        import numpy as np
+
+        t = self._tables.get(width)
+        if t is None:  # longer strings truncated: a column of this width holds none of them
+            t = self._tables[width] = np.array(self.encoded, dtype=f"S{width}")
+        return t
 
     def gather(self, ids: Any) -> Any:
+        """The utf8 column of string ids ``ids`` (-1: null)."""
         import numpy as np
-        import pyarrow as pa
-        import pyarrow._compute as pc
 
-        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        from . import arrowipc as A
+
         n = len(ids)
         if not n:
-            return pa.nulls(0, pa.string())
+            return A.strings(np, np.zeros(1, dtype=np.int32), b"")
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:  # one value (status "ok", device "cpu", no module)
-            return self._repeat(lo, n)
-        if lo >= 0:
-            idx = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(ids)])
-        else:
+            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.encoded[lo], n)
+        valid = None
+        if lo < 0:
             valid = ids >= 0
-            idx = _ints(pa, np, np.where(valid, ids, 0), pa.int32(), valid)
-        return pc.call_function("take", [self.dictionary, idx])
+            ids = np.where(valid, ids, 0)
+        lens = self.lens[ids]
+        if valid is not None:
+            lens[~valid] = 0
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        if offsets[-1] >= 1 << 31:
+            raise ValueError("a string column of 2 GiB or more in one batch")
+        widest = int(lens.max())
+        if not widest:
+            return A.strings(np, offsets.astype(np.int32), b"", valid)
+        width = 8
+        while width < widest:
+            width *= 2
+        rows = self._table(width)[ids].view(np.uint8).reshape(n, width)
+        data = rows[np.arange(width, dtype=np.int64) < lens[:, None]]
+        return A.strings(np, offsets.astype(np.int32), data, valid)
 
-    def _repeat(self, i: int, n: int) -> Any:
-        """String ``i`` (-1: null) n times: a slice of one array made for the longest batch."""
-        import numpy as np
-        import pyarrow as pa
-        import pyarrow._compute as pc
 
-        c = self._consts.get(i)
-        if c is None or len(c) < n:
-            k = max(n, 16384)
-            if i < 0:
-                c = _nulls(pa, k, pa.string())
+def _const_int(np: Any, A: Any, v: int | None, n: int) -> Any:
+    """An int32 column of one value (rank, world size), or nulls."""
+    return A.nulls(np, A.INT32, n) if v is None else A.ints(np, np.full(n, v), A.INT32)
+
+
+def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
+    """A float64 column of ``v``, null where ``valid`` is False or the value is NaN
+    (statistics are over finite values: NaN in a record means null)."""
+    if not valid.any():
+        return A.nulls(np, A.FLOAT64, len(v))
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    return A.floats(np, v, valid & (v == v))
+
+
+def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
+    """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
+    records.MAX_INLINE_DIMS (values.pack_shape)."""
+    m = len(ds)
+    ndim = ds["ndim"].astype(np.int64)
+    k = records.MAX_INLINE_DIMS
+    # the k inline dimensions of each record, as an (m, k) view of the record buffer
+    if m:
+        dims = np.ndarray((m, k), dtype=np.int64, buffer=ds, offset=ds.dtype.fields["d0"][1],
+                          strides=(ds.dtype.itemsize, 8))  # fmt: skip
+    else:
+        dims = np.zeros((0, k), dtype=np.int64)
+    deep = ndim > k
+    if deep.any():
+        pieces = []
+        refs = ds["shape_ref"]
+        for r in range(m):
+            if deep[r]:
+                pieces.append(np.frombuffer(objs[int(refs[r])], dtype=np.int64))
             else:
-                idx = _ints(pa, np, np.full(k, i, dtype=np.int32), pa.int32())
-                c = pc.call_function("take", [self.dictionary, idx])
-            self._consts[i] = c
-        return c.slice(0, n)
+                pieces.append(dims[r, : ndim[r]])
+        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    else:
+        flat = dims[np.arange(k) < ndim[:, None]]
+    offsets = np.zeros(m + 1, dtype=np.int32)
+    np.cumsum(ndim, out=offsets[1:])
+    return A.int64_lists(np, offsets, flat)
 
-    def const(self, s: str, n: int) -> Any:
-        i = records.sid(s)
-        self.refresh()
-        return self._repeat(i, n)
+
+class _PyarrowSink:
+    """A shard written by pyarrow's stream writer (PPROBE_LOG_WRITER=pyarrow, or auto with a
+    collector's tap), LZ4-compressed, from the same columns."""
+
+    def __init__(self, log: safefs.RunDir, name: str, fields: Any, meta: dict[str, str]):
+        import pyarrow as pa
+
+        from .arrowipc import pa_schema
+
+        self.meta = meta
+        self.file = log.create_for(name, lambda path: pa.OSFile(path, "ab"))
+        opts = pa.ipc.IpcWriteOptions(compression="lz4")
+        self.writer = pa.ipc.new_stream(self.file, pa_schema(pa, fields, meta), options=opts)
+
+    def write_batch(self, batch: Any) -> None:
+        from .arrowipc import to_pyarrow
+
+        self.writer.write_batch(to_pyarrow(batch, self.meta))
+        self.file.flush()
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.file.close()
+
+    def abandon(self) -> None:
+        """In a forked child: the parent's shard is not the child's to end."""
+
+
+# ---------------------------------------------------------------------- pyarrow helpers
+# Arrow arrays straight from buffers, for the parts of pprobe that build pyarrow batches in
+# the program's process (pprobe.ext.tables, pprobe.ext.sqlviews, pprobe.collect.client): the
+# op log's own columns are pprobe.arrowipc columns above.
 
 
 def _ints(pa: Any, np: Any, v: Any, tp: Any, valid: Any = None) -> Any:
@@ -637,34 +766,3 @@ def _bools(pa: Any, np: Any, v: Any, valid: Any) -> Any:
     bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
     data = pa.py_buffer(np.packbits(np.asarray(v, dtype=bool), bitorder="little"))
     return pa.Array.from_buffers(pa.bool_(), len(v), [bitmap, data])
-
-
-def _shapes(pa: Any, np: Any, ds: Any, objs: list) -> Any:
-    """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
-    records.MAX_INLINE_DIMS (values.pack_shape)."""
-    m = len(ds)
-    ndim = ds["ndim"].astype(np.int64)
-    k = records.MAX_INLINE_DIMS
-    # the k inline dimensions of each record, as an (m, k) view of the record buffer
-    if m:
-        dims = np.ndarray((m, k), dtype=np.int64, buffer=ds, offset=ds.dtype.fields["d0"][1],
-                          strides=(ds.dtype.itemsize, 8))  # fmt: skip
-    else:
-        dims = np.zeros((0, k), dtype=np.int64)
-    deep = ndim > k
-    if deep.any():
-        pieces = []
-        refs = ds["shape_ref"]
-        for r in range(m):
-            if deep[r]:
-                pieces.append(np.frombuffer(objs[int(refs[r])], dtype=np.int64))
-            else:
-                pieces.append(dims[r, : ndim[r]])
-        flat = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
-    else:
-        flat = dims[np.arange(k) < ndim[:, None]]
-    offsets = np.zeros(m + 1, dtype=np.int32)
-    np.cumsum(ndim, out=offsets[1:])
-    child = _ints(pa, np, flat, pa.int64())
-    tp = pa.list_(pa.int64())
-    return pa.Array.from_buffers(tp, m, [None, pa.py_buffer(offsets)], children=[child])

@@ -141,7 +141,9 @@ def test_records_round_trip_to_arrow(buf: object, tmp_path: Path) -> None:
     w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
     with state.internal():
         o, t = w._to_batches(heads, descs, objs, n)
-    ot, tt = o.to_pylist(), t.to_pylist()
+    from pprobe.arrowipc import to_pyarrow
+
+    ot, tt = to_pyarrow(o).to_pylist(), to_pyarrow(t).to_pylist()
     assert [r["seq"] for r in ot] == [0, 1, 2]
     assert [r["op"] for r in ot] == [recorder.ops_by_index[i].name for i in (7, 8, 7)]
     assert [r["status"] for r in ot] == ["ok", "ValueError", "ok"]
@@ -223,7 +225,9 @@ def test_a_batch_without_arrays(buf: object, tmp_path: Path) -> None:
     w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
     with state.internal():
         o, t = w._to_batches(*buf.take())  # type: ignore[attr-defined]
-    assert [(r["op"], r["args"]) for r in o.to_pylist()] == [("test.noarrays", "0='x'")]
+    from pprobe.arrowipc import to_pyarrow
+
+    assert [(r["op"], r["args"]) for r in to_pyarrow(o).to_pylist()] == [("test.noarrays", "0='x'")]
     assert t.num_rows == 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from helpers import BOOTSTRAP, clean_env, meta, ops, run_script, sql
 
 from pprobe import arrowipc as A
 from pprobe import logschema, schema
@@ -210,3 +211,211 @@ def test_stream_writer_writes_eos_at_close_only(tmp_path: Path) -> None:
     assert data.endswith(A.EOS)
     _, (got,) = _read(data)
     assert got.to_pylist() == ref.to_pylist()
+
+
+# ---------------------------------------------------------------------- end to end
+# A program with odd values: a non-ASCII file and function name, 0-d arrays (empty shapes),
+# NaN and inf (statistics nulls in stats mode), args, a named thread, nested calls (parent),
+# ops with no array (0-row tensors batches), and more rows than a batch holds.
+PROG = """
+import sys, threading
+import numpy as np
+
+
+def f\u00fcnf(a):
+    return np.add(a, 1.5)
+
+
+a = np.arange(12.0).reshape(3, 4)
+a[0, 1] = np.nan
+a[1, 2] = np.inf
+for i in range(40):
+    f\u00fcnf(a)
+    a.sum(axis=1)
+    np.add(np.float64(2.0), np.array(3.0))  # 0-d arrays: empty shapes
+    np.zeros(())
+    np.concatenate([a, a], axis=0)
+    np.transpose(np.ones((1, 2, 3, 4, 5, 6, 7, 8, 9)))  # past the inline dimensions
+np.isnan(a)
+np.random.seed(0)  # no array in, none out
+t = threading.Thread(target=lambda: [np.multiply(a, 2) for _ in range(5)], name="t\u00e9")
+t.start(); t.join()
+for _ in range(N_BIG):
+    np.negative(a)
+from pprobe.session import Session
+Session.active.stop()  # every row written: the log side is done
+print("PYARROW", "pyarrow" in sys.modules)
+"""
+
+SKIP = {"ts_ns", "dur_ns", "run_id", "pid"}  # per process
+
+
+def _prog(n_big: int) -> str:
+    return PROG.replace("N_BIG", str(n_big))
+
+
+def _rows_sql(run_dir: Path, table: str) -> list[dict]:
+    order = {"ops": "seq", "tensors": "seq, role, idx", "stacks": "stack_id, level"}[table]
+    rows = sql(run_dir, f"SELECT * FROM {table} ORDER BY {order}")
+    return [{k: v for k, v in r.items() if k not in SKIP} for r in rows]
+
+
+def _rows_ipc(run_dir: Path, table: str) -> tuple[list[dict], dict]:
+    """Every row of the run's shards of ``table`` read by pyarrow.ipc.open_stream alone (no
+    pprobe code), sorted as _rows_sql sorts, and the shards' schema metadata."""
+    rows: list[dict] = []
+    meta: dict = {}
+    for path in sorted((run_dir / "log").glob(f"{table}-*.arrows")):
+        with pa.ipc.open_stream(pa.OSFile(str(path))) as r:
+            meta = {k.decode(): v.decode() for k, v in (r.schema.metadata or {}).items()}
+            assert r.schema.remove_metadata() == schema.TABLES[table]
+            for b in r:
+                b.validate(full=True)
+                rows += b.to_pylist()
+    key = {
+        "ops": lambda r: (r["seq"],),
+        "tensors": lambda r: (r["seq"], r["role"], r["idx"]),
+        "stacks": lambda r: (r["stack_id"], r["level"]),
+    }[table]
+    rows.sort(key=key)
+    return [{k: v for k, v in r.items() if k not in SKIP} for r in rows], meta
+
+
+def _run(tmp_path: Path, name: str, writer: str, mode: str, n_big: int = 0, **env: str):
+    # the same script file for both writers (its path is in the caller column)
+    env = {"PPROBE_MODE": mode, "PPROBE_LOG_WRITER": writer, **env}
+    r = run_script(tmp_path, _prog(n_big), name="pr\u00f6g.py", output=tmp_path / name, env=env)
+    r.check()
+    return r, r.run_dir, meta(r.run_dir)
+
+
+@pytest.mark.parametrize("mode", ["log", "stats"])
+def test_both_writers_write_the_same_tables(tmp_path: Path, mode: str) -> None:
+    n_big = 17000 if mode == "log" else 0  # past PPROBE_FLUSH_ROWS (16384): a big batch
+    r1, d1, m1 = _run(tmp_path, "own", "pprobe", mode, n_big)
+    r2, d2, m2 = _run(tmp_path, "pa", "pyarrow", mode, n_big)
+    assert (m1["core"]["log_writer"], m2["core"]["log_writer"]) == ("pprobe", "pyarrow")
+    assert m1["core"]["engine"] == m2["core"]["engine"]
+    assert "PYARROW False" in r1.out
+    for table in ("ops", "tensors", "stacks"):
+        own, meta1 = _rows_ipc(d1, table)
+        theirs, meta2 = _rows_ipc(d2, table)
+        assert own == theirs, table
+        assert _rows_sql(d1, table) == _rows_sql(d2, table) == own, table
+        for m, mt in ((m1, meta1), (m2, meta2)):
+            want = {"run_id": m["run_id"], "pid": str(m["pid"]), "host": m["host"]}
+            assert mt == {"pprobe.schema_version": logschema.SCHEMA_VERSION, **want}
+    ops_rows, _ = _rows_ipc(d1, "ops")
+    assert len(ops_rows) > n_big
+    # independent checks of values the program made
+    assert {r["thread"] for r in ops_rows} == {"MainThread", "t\u00e9"}
+    assert any(r["caller_function"] == "f\u00fcnf" for r in ops_rows)
+    assert all(r["caller"].startswith(str(tmp_path / "pr\u00f6g.py:"))
+               for r in ops_rows if r["caller"] is not None)  # fmt: skip
+    shapes = [r["shape"] for r in _rows_ipc(d1, "tensors")[0]]
+    assert [] in shapes and [9, 8, 7, 6, 5, 4, 3, 2, 1] in shapes
+    seqs = [r["seq"] for r in ops_rows]
+    assert seqs == list(range(len(seqs)))
+    if mode == "stats":
+        t = [r for r in _rows_ipc(d1, "tensors")[0] if r["shape"] == [3, 4]]
+        assert any(r["nan_count"] == 1 and r["inf_count"] == 1 for r in t)
+
+
+def test_pyarrow_is_not_imported_to_write_the_log(tmp_path: Path) -> None:
+    """log and stats modes, NumPy and torch programs, the default writer (auto): the probed
+    process never imports pyarrow (checked in the program after the probe stopped)."""
+    torch_prog = """
+        import sys
+        import torch
+        x = torch.ones(4, 3, requires_grad=True)
+        for _ in range(20):
+            y = (x * 2 + 1).sum()
+            y.backward()
+        from pprobe.session import Session
+        Session.active.stop()
+        print("PYARROW", "pyarrow" in sys.modules)
+        """
+    for i, mode in enumerate(("log", "stats")):
+        for j, prog in enumerate((_prog(0), torch_prog)):
+            r = run_script(tmp_path / f"{i}{j}", prog, env={"PPROBE_MODE": mode}).check()
+            assert "PYARROW False" in r.out, (mode, j, r.err)
+            m = meta(r.run_dir)
+            assert m["core"]["log_writer"] == "pprobe" and m["core"]["log_writer_reason"] == "auto"
+            assert m["rows_written"] > 0 and not m["errors"]
+            assert len(ops(r.run_dir)) == m["rows_written"]
+
+
+def test_a_writer_killed_leaves_every_complete_batch_readable(tmp_path: Path) -> None:
+    """kill -9 while the program runs and the writer flushes every 10 ms: no EOS in the
+    shards, every complete batch read, no damage reported, the ops rows read are seq 0..N-1
+    with their tensor rows."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pprobe.query import DamagedShardWarning
+
+    prog = tmp_path / "loop.py"
+    prog.write_text(
+        "import numpy as np\na = np.ones(5)\nwhile True:\n    np.add(a, 1)\n    a.sum()\n"
+    )
+    out = tmp_path / "out"
+    env = clean_env(PYTHONPATH=str(BOOTSTRAP), PPROBE_OUTPUT=str(out), PPROBE_MODE="log",
+                    PPROBE_FLUSH_SECONDS="0.01")  # fmt: skip
+    p = subprocess.Popen([sys.executable, str(prog)], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            shards = list(out.glob("*/log/ops-*.arrows"))
+            if shards and shards[0].stat().st_size > 200_000:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the log did not grow")
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+    run_dir = shards[0].parent.parent
+    for path in (run_dir / "log").glob("*.arrows"):
+        assert not path.read_bytes().endswith(A.EOS), path
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DamagedShardWarning)
+        rows = sql(run_dir, "SELECT seq FROM ops ORDER BY seq")
+        missing = sql(run_dir, "SELECT count(*) AS n FROM ops o WHERE NOT EXISTS "
+                      "(SELECT 1 FROM tensors t WHERE t.seq = o.seq)")  # fmt: skip
+    seqs = [r["seq"] for r in rows]
+    assert len(seqs) > 100 and seqs == list(range(len(seqs)))
+    assert missing == [{"n": 0}]
+    # pyarrow alone reads the same batches, up to the cut
+    got, _ = _read_until_cut(next((run_dir / "log").glob("ops-*.arrows")))
+    assert got == len(seqs)
+
+
+def _read_until_cut(path: Path) -> tuple[int, bool]:
+    rows = 0
+    with pa.ipc.open_stream(pa.OSFile(str(path))) as r:
+        while True:
+            try:
+                b = r.read_next_batch()
+            except StopIteration:
+                return rows, False
+            except (OSError, pa.ArrowInvalid):
+                return rows, True
+            b.validate(full=True)
+            rows += b.num_rows
+
+
+def test_meta_says_which_writer_and_a_bad_value_is_refused(tmp_path: Path) -> None:
+    prog = "import numpy as np\nnp.add(np.ones(2), 1)\n"
+    r = run_script(tmp_path / "a", prog, env={"PPROBE_MODE": "log",
+                                              "PPROBE_LOG_WRITER": "pyarrow"}).check()  # fmt: skip
+    core = meta(r.run_dir)["core"]
+    assert core["log_writer"] == "pyarrow"
+    assert core["log_writer_reason"] == "PPROBE_LOG_WRITER=pyarrow"
+    assert core["engine"] in ("native", "python")
+    assert list((r.run_dir / "log").glob("ops-*.arrows"))
+    r = run_script(tmp_path / "b", prog, env={"PPROBE_LOG_WRITER": "arrow", "PPROBE_STRICT": "1"})
+    assert r.rc != 0
+    assert "PPROBE_LOG_WRITER='arrow' is not valid; allowed: auto, pprobe, pyarrow" in r.err
