@@ -78,8 +78,19 @@ def rows_per_call(fn: Any, n: int = 200) -> float | None:
 # the writer thread (:func:`drain`), so that no row is written on another thread unless
 # pprobe itself does so; the meter below counts those too.
 
-#: pprobe's lazy imports on the writer's first flush (writer.py: ``_to_batches``, ``_Strings``).
+#: pprobe's lazy imports on the writer's first flush, by who encodes the shards
+#: (``Writer.log_writer``: pprobe's own encoder imports no pyarrow; a writer without that method
+#: is an older tree, whose ``_to_batches`` and ``_Strings`` imported these three).
 _WRITER_IMPORTS = ("pyarrow", "pyarrow._compute", "pprobe.schema")
+_OWN_WRITER_IMPORTS = ("pprobe.arrowipc",)
+_PYARROW_WRITER_IMPORTS = ("pyarrow", "pyarrow.ipc")
+
+
+def _writer_imports(w: Any) -> tuple[str, ...]:
+    which = getattr(w, "log_writer", None)
+    if which is None:
+        return _WRITER_IMPORTS
+    return _OWN_WRITER_IMPORTS if which()[0] == "pprobe" else _PYARROW_WRITER_IMPORTS
 
 
 class _Meter:
@@ -93,7 +104,8 @@ class _Meter:
         self.real = w.flush
         self.batches_before = w.batches  # > 0: a flush ran before the meter (import unseen)
         self.rows_before = w.rows_written
-        self.preloaded = [m for m in _WRITER_IMPORTS if m in sys.modules]
+        self.imports = _writer_imports(w)
+        self.preloaded = [m for m in self.imports if m in sys.modules]
         self.import_cpu_s = 0.0
         self.imported = False
         self.flushes = 0
@@ -110,7 +122,7 @@ class _Meter:
         if not self.imported and len(_buffer()):
             self.imported = True
             c0 = time.thread_time()
-            for m in _WRITER_IMPORTS:
+            for m in self.imports:
                 try:
                     importlib.import_module(m)
                 except Exception:
