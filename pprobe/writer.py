@@ -553,16 +553,16 @@ class Writer:
 
 
 class _Strings:
-    """records.strings as UTF-8 in NumPy, for string columns made from string ids with no
-    Python work per row: the ids' lengths give the offsets, and the bytes come from a
-    fixed-width table of every string (``S{width}``, one per power-of-two width, extended as
-    strings are interned): rows gathered by id, then their padding cut by a mask."""
+    """records.strings as UTF-8, for string columns made from string ids in bulk: a NumPy
+    object array of the encoded strings (index 0: b"", for null; id i at i + 1) and their
+    lengths. A column's offsets are the cumulative lengths of its ids; its bytes are the
+    strings taken by id (``take``) and joined by ``bytes.join``: C loops over the rows, no
+    Python code per row, and no Python int made for any."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.encoded: list[bytes] = []
-        self.lens: Any = None  # UTF-8 length per id (int64)
-        self._tables: dict[int, Any] = {}
+        self.table: Any = None  # object array: b"", then each string's UTF-8 bytes
+        self.lens: Any = None  # int64 array: their lengths
 
     def refresh(self) -> None:
         import numpy as np
@@ -570,21 +570,21 @@ class _Strings:
         n = len(records.strings)
         if n == self.count:
             return
-        new = [s.encode("utf-8", "replace") for s in records.strings[self.count : n]]
-        self.encoded += new
-        lens = np.fromiter(map(len, new), dtype=np.int64, count=len(new))
-        self.lens = lens if self.lens is None else np.concatenate([self.lens, lens])
-        for w, t in list(self._tables.items()):
-            self._tables[w] = np.concatenate([t, np.array(new, dtype=t.dtype)])
+        if self.table is None or len(self.table) < n + 1:
+            cap = max(2 * (n + 1), 1024)
+            table = np.empty(cap, dtype=object)
+            lens = np.zeros(cap, dtype=np.int64)
+            table[0] = b""
+            if self.table is not None:
+                table[: self.count + 1] = self.table[: self.count + 1]
+                lens[: self.count + 1] = self.lens[: self.count + 1]
+            self.table, self.lens = table, lens
+        table, lens = self.table, self.lens
+        for i in range(self.count, n):  # once per string
+            e = records.strings[i].encode("utf-8", "replace")
+            table[i + 1] = e
+            lens[i + 1] = len(e)
         self.count = n
-
-    def _table(self, width: int) -> Any:
-        import numpy as np
-
-        t = self._tables.get(width)
-        if t is None:  # longer strings truncated: a column of this width holds none of them
-            t = self._tables[width] = np.array(self.encoded, dtype=f"S{width}")
-        return t
 
     def gather(self, ids: Any) -> Any:
         """The utf8 column of string ids ``ids`` (-1: null)."""
@@ -597,27 +597,15 @@ class _Strings:
             return A.strings(np, np.zeros(1, dtype=np.int32), b"")
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:  # one value (status "ok", device "cpu", no module)
-            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.encoded[lo], n)
-        valid = None
-        if lo < 0:
-            valid = ids >= 0
-            ids = np.where(valid, ids, 0)
-        lens = self.lens[ids]
-        if valid is not None:
-            lens[~valid] = 0
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        if offsets[-1] >= 1 << 31:
+            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.table[lo + 1], n)
+        idx = ids + 1  # null (-1) -> b""
+        lens = self.lens[idx]
+        if int(lens.sum()) >= 1 << 31:
             raise ValueError("a string column of 2 GiB or more in one batch")
-        widest = int(lens.max())
-        if not widest:
-            return A.strings(np, offsets.astype(np.int32), b"", valid)
-        width = 8
-        while width < widest:
-            width *= 2
-        rows = self._table(width)[ids].view(np.uint8).reshape(n, width)
-        data = rows[np.arange(width, dtype=np.int64) < lens[:, None]]
-        return A.strings(np, offsets.astype(np.int32), data, valid)
+        offsets = np.zeros(n + 1, dtype=np.int32)
+        np.cumsum(lens, out=offsets[1:], dtype=np.int32)
+        data = b"".join(self.table.take(idx).tolist())
+        return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
 
 
 def _const_int(np: Any, A: Any, v: int | None, n: int) -> Any:
