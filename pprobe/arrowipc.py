@@ -189,15 +189,29 @@ def _validity(np: Any, valid: Any) -> tuple[int, Any]:
     return n - ok, np.packbits(valid, bitorder="little")
 
 
+_zeros: dict[int, bytes] = {}
+
+
+def _zero(size: int) -> bytes:
+    """``size`` zero bytes, the same object for the same size: a batch's all-null columns
+    share one region of the message body (batch_message places a buffer object once)."""
+    z = _zeros.get(size)
+    if z is None:
+        if len(_zeros) >= 16:
+            _zeros.clear()
+        z = _zeros[size] = bytes(size)
+    return z
+
+
 def nulls(np: Any, tp: str, n: int) -> Column:
-    """n nulls of type ``tp`` (zeroed buffers of the right sizes)."""
-    bitmap = bytes((n + 7) // 8)
+    """n nulls of type ``tp``: zeroed buffers of the right sizes, shared (:func:`_zero`)."""
+    bitmap = _zero((n + 7) // 8)
     if tp == UTF8:
-        return Column(n, n, [bitmap, bytes(4 * (n + 1)), b""])
+        return Column(n, n, [bitmap, _zero(4 * (n + 1)), b""])
     if tp == LIST_INT64:
-        return Column(n, n, [bitmap, bytes(4 * (n + 1))], Column(0, 0, [None, b""]))
+        return Column(n, n, [bitmap, _zero(4 * (n + 1))], Column(0, 0, [None, b""]))
     width = {INT32: 4, INT64: 8, FLOAT64: 8}.get(tp)
-    return Column(n, n, [bitmap, bitmap if width is None else bytes(width * n)])
+    return Column(n, n, [bitmap, bitmap if width is None else _zero(width * n)])
 
 
 def ints(np: Any, values: Any, tp: str, valid: Any = None) -> Column:
@@ -291,10 +305,13 @@ def _nbytes(buf: Any) -> int:
 
 def batch_message(batch: Batch) -> list:
     """The RecordBatch message of ``batch``: its pieces (metadata, then each body buffer and
-    its padding), to be written in one go (``b"".join``)."""
+    its padding), to be written in one go (``b"".join``). A buffer object that several
+    columns hold (the zeros of all-null columns) is written once, and each of its Buffer
+    entries points there: the format describes a buffer by offset and length only."""
     nodes: list[int] = []
     spans: list[int] = []
     body: list = []
+    placed: dict[int, int] = {}  # id of a shared buffer -> its offset in the body
     pos = 0
     todo = list(reversed(batch.columns))
     while todo:  # pre-order: a list's node and buffers, then its child's
@@ -302,13 +319,22 @@ def batch_message(batch: Batch) -> list:
         nodes += (c.length, c.null_count)
         for buf in c.buffers:
             size = _nbytes(buf)
+            if not size:
+                spans += (pos, 0)
+                continue
+            shared = buf.__class__ is bytes
+            at = placed.get(id(buf)) if shared else None
+            if at is not None:
+                spans += (at, size)
+                continue
+            if shared:
+                placed[id(buf)] = pos
             spans += (pos, size)
-            if size:
-                body.append(buf)
-                pad = -size % 8
-                if pad:
-                    body.append(_PAD[:pad])
-                pos += size + pad
+            body.append(buf)
+            pad = -size % 8
+            if pad:
+                body.append(_PAD[:pad])
+            pos += size + pad
         if c.child is not None:
             todo.append(c.child)
     b = _Builder()
