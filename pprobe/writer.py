@@ -28,8 +28,9 @@ from . import _report, logschema, recorder, records, safefs, state, values
 from .state import INTERNAL
 
 #: The longest a fork waits for a flush in progress. A flush takes milliseconds, but the first
-#: one imports pyarrow (0.1-1 s on a loaded machine): a child forked in the middle of that
-#: import would wait forever on importlib's lock on the module, held by a thread it lacks.
+#: one imports modules (pyarrow with PPROBE_LOG_WRITER=pyarrow: 0.1-1 s on a loaded machine): a
+#: child forked in the middle of an import would wait forever on importlib's lock on the
+#: module, held by a thread it lacks.
 FORK_WAIT_S = 5.0
 SWITCH_S = 0.0002  # the GIL switch interval while the writer works
 
@@ -146,7 +147,7 @@ class Writer:
                 self.log.close()
 
     def before_fork(self) -> None:
-        """Wait for a flush in progress (the child must not inherit pyarrow mid-write), at most
+        """Wait for a flush in progress (the child must not inherit a shard mid-write), at most
         FORK_WAIT_S: no new flush starts while a fork is pending, so the forking thread is not
         starved by a writer that takes the lock back to back."""
         self.fork_pending = True
