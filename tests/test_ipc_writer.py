@@ -419,3 +419,33 @@ def test_meta_says_which_writer_and_a_bad_value_is_refused(tmp_path: Path) -> No
     r = run_script(tmp_path / "b", prog, env={"PPROBE_LOG_WRITER": "arrow", "PPROBE_STRICT": "1"})
     assert r.rc != 0
     assert "PPROBE_LOG_WRITER='arrow' is not valid; allowed: auto, pprobe, pyarrow" in r.err
+
+
+def test_all_null_columns_share_one_region_of_the_body() -> None:
+    n = 1000
+    fields = tuple((f"c{i}", A.FLOAT64) for i in range(8))
+    cols = [A.nulls(np, A.FLOAT64, n) for _ in fields]
+    msg = b"".join(A.batch_message(A.Batch(fields, n, cols)))
+    assert len(msg) < 2 * 8 * n  # one zeroed region of 8n bytes, not eight
+    _, (got,) = _read(_stream(fields, [A.Batch(fields, n, cols)]))
+    assert all(c.null_count == n for c in got.columns)
+
+
+def test_ops_are_named_only_when_a_batch_has_them(tmp_path: Path) -> None:
+    from pprobe import recorder
+    from pprobe.writer import Writer
+
+    while len(recorder.ops_by_index) < 12:
+        recorder.op(f"test.named{len(recorder.ops_by_index)}", "function", "numpy")
+    w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
+    t = w._op_table(np, np.array([3, 7, 3], dtype=np.int32))
+    named = np.flatnonzero(t[0] != -2)
+    assert named.tolist() == [3, 7]
+    from pprobe import records
+
+    assert [records.strings[t[1][i]] for i in (3, 7)] == [
+        recorder.ops_by_index[3].name,
+        recorder.ops_by_index[7].name,
+    ]
+    t = w._op_table(np, np.array([9], dtype=np.int32))
+    assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
