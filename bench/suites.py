@@ -281,8 +281,8 @@ def micro(plan: Plan, log: Log, framework: str) -> Section:
         )
     sec.notes.append(
         "writer CPU per op row: CPU time of pprobe's writer thread (pthread CPU clock) over each "
-        "op's timed loops, divided by the op rows it wrote in them (the one-time pyarrow import "
-        "is before them)"
+        "op's timed loops, divided by the op rows it wrote in them (the writer's one-time imports "
+        "are before them)"
     )
     sec.engines(runs)
     sec.unavailable(runs)
@@ -507,13 +507,13 @@ def _writer_note(sec: Section) -> None:
                 f"{name}: {w['us_per_row']:.2f} us/row over {w.get('rows', 0):,.0f} rows in "
                 f"{w.get('flushes', 0):.0f} flushes"
                 + (f" ({later:.2f} after the first flush)" if later is not None else "")
-                + f", pyarrow import {w.get('import_cpu_s', 0) * 1000:.0f} ms"
+                + f", writer imports {w.get('import_cpu_s', 0) * 1000:.0f} ms"
             )
     if lines:
         sec.notes.append(
             "writer CPU per op row = (CPU time of pprobe's writer thread at the end of the run, "
-            "pthread CPU clock - its one-time pyarrow import) / op rows it wrote; "
-            + "; ".join(lines)
+            "pthread CPU clock - its one-time imports: pyarrow where the tree's writer uses it) "
+            "/ op rows it wrote; " + "; ".join(lines)
         )
 
 
