@@ -179,6 +179,36 @@ static int append_entry(int dfd, unsigned gen, int kind, const char *name, const
     return 0;
 }
 
+/* Pack entries that failed to append (FNV-1a hashes of their names; worker only): an alias
+ * to one of them fails too, as a hard link to a file never written does (its row then says
+ * "not dumped" instead of naming an entry that is not there). Failures are rare: a list. */
+static uint64_t *pack_failed = NULL;
+static size_t n_pack_failed = 0, cap_pack_failed = 0;
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ULL;
+    while (*s) h = (h ^ (unsigned char)*s++) * 1099511628211ULL;
+    return h;
+}
+
+static int pack_entry_failed(const char *name) {
+    uint64_t h = name_hash(name);
+    for (size_t i = 0; i < n_pack_failed; i++)
+        if (pack_failed[i] == h) return 1;
+    return 0;
+}
+
+static void note_pack_failure(const char *name) {
+    if (n_pack_failed == cap_pack_failed) {
+        size_t cap = cap_pack_failed ? 2 * cap_pack_failed : 64;
+        uint64_t *p = realloc(pack_failed, cap * sizeof *p);
+        if (!p) return;
+        pack_failed = p;
+        cap_pack_failed = cap;
+    }
+    pack_failed[n_pack_failed++] = name_hash(name);
+}
+
 static void free_job(Job *j) {
     free(j->name);
     free(j->link);
@@ -240,14 +270,19 @@ static void *worker(void *unused) {
         unsigned gen = dir_gen;
         pthread_mutex_unlock(&mu);
         int err;
-        if (j->pack && j->link)
-            err = append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link));
-        else if (j->pack)
-            err = append_entry(dfd, gen, 0, j->name, j->data, j->len);
-        else if (j->link)
+        if (j->pack) {
+            if (j->link)
+                err = pack_entry_failed(j->link)
+                          ? ENOENT
+                          : append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link));
+            else
+                err = append_entry(dfd, gen, 0, j->name, j->data, j->len);
+            if (err) note_pack_failure(j->name);
+        } else if (j->link) {
             err = linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0;
-        else
+        } else {
             err = write_file(dfd, j->name, j->data, j->len);
+        }
         pthread_mutex_lock(&mu);
         q_head = j->next;
         if (!q_head) q_tail = NULL;

@@ -172,6 +172,7 @@ class PyQueue:
         self.fails: list = []
         self.infos: list = []  # (name, codec, max_abs_error, bytes) of each encoded dump
         self._first: dict[str, tuple] = {}  # encoded file name -> its info, for its links
+        self._pack_failed: set[str] = set()  # pack entries not written: their aliases fail
         self.thread: threading.Thread | None = None
         self.stopping = False
         self.dirfd = getattr(self, "dirfd", -1)
@@ -254,6 +255,8 @@ class PyQueue:
             try:
                 if link is not None:
                     if pack:  # the first dump is in a pack: an alias entry names it
+                        if link in self._pack_failed:  # as a hard link to no file fails
+                            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
                         self._append(gen, 1, name, link.encode("utf-8"))
                     else:
                         os.link(link, name, src_dir_fd=self.dirfd, dst_dir_fd=self.dirfd)
@@ -267,6 +270,8 @@ class PyQueue:
                         _write_file(self.dirfd, name, payload)
             except OSError as e:
                 err = e
+                if pack:
+                    self._pack_failed.add(name)
             with self.cond:
                 self.jobs.popleft()
                 self.queued -= size
