@@ -36,7 +36,6 @@ _hooks: list[Any] = []
 _services: dict[str, Any] = {}
 _claimed: str | None = None
 _params: dict[tuple[type, str], frozenset[str] | None] = {}
-_overrides: dict[tuple[type, str], bool] = {}
 #: name -> factory of a service made on first use (visualization_dir creates its folder)
 _lazy: dict[str, Any] = {}
 #: Whether training is running (before_training emitted, after_training not yet) and whether
@@ -98,19 +97,6 @@ def claimed_by() -> str | None:
     return _claimed
 
 
-def _wants(hook: Any, point: str) -> bool:
-    """Whether ``hook`` has a ``point`` method of its own: BaseHook's no-ops, and points a
-    duck-typed hook lacks, are skipped without a call."""
-    if point in getattr(hook, "__dict__", ()):  # set on the instance
-        return True
-    key = (type(hook), point)
-    w = _overrides.get(key)
-    if w is None:
-        fn = getattr(type(hook), point, None)
-        w = _overrides[key] = fn is not None and fn is not getattr(BaseHook, point)
-    return w
-
-
 def _accepted(hook: Any, point: str) -> frozenset[str] | None:
     """The keyword names ``hook.point`` takes (None: it takes ``**kwargs``)."""
     key = (type(hook), point)
@@ -133,9 +119,8 @@ _POINT_SET = frozenset(POINTS)
 _COUNTED = {"before_step": "step", "after_step": "step", "before_epoch": "epoch",
             "after_epoch": "epoch"}  # fmt: skip
 _base_trigger = BaseHook.should_trigger
-_plain: dict[type, bool] = {}
 #: class -> (the points it has a method of its own for, whether its should_trigger is
-#: BaseHook's): what _wants and _plain_trigger compute, looked up once per hook per emit
+#: BaseHook's), looked up once per hook per emit
 _kinds: dict[type, tuple[frozenset[str], bool]] = {}
 _NO_DICT: dict[str, Any] = {}
 
@@ -148,16 +133,6 @@ def _kind(cls: type) -> tuple[frozenset[str], bool]:
                         and fn is not getattr(BaseHook, p))  # fmt: skip
         k = _kinds[cls] = (own, getattr(cls, "should_trigger", None) is _base_trigger)
     return k
-
-
-def _plain_trigger(hook: Any) -> bool:
-    """Whether ``hook.should_trigger`` is BaseHook's (neither its class nor the instance
-    overrides it): emit then computes it inline."""
-    cls = type(hook)
-    plain = _plain.get(cls)
-    if plain is None:
-        plain = _plain[cls] = getattr(cls, "should_trigger", None) is _base_trigger
-    return plain and "should_trigger" not in getattr(hook, "__dict__", ())
 
 
 def calls_none(point: str, at: int) -> bool:
@@ -211,7 +186,7 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     at = None if key is None else ctx.get(key)
     local = state.local
     for hook in tuple(_hooks):
-        # _wants and _plain_trigger, inlined: one class lookup, the instance's own dict
+        # one class lookup (_kind), and the instance's own dict for what it sets itself
         own, plain = _kinds.get(type(hook)) or _kind(type(hook))
         d = getattr(hook, "__dict__", _NO_DICT)
         if getattr(hook, "off", False) or (point not in own and point not in d):
@@ -281,8 +256,6 @@ def _reset() -> None:
     _services.clear()
     _lazy.clear()
     _params.clear()
-    _overrides.clear()
-    _plain.clear()
     _kinds.clear()
     _claimed = None
     _training = _cleaned = False
