@@ -588,12 +588,7 @@ def _drain() -> None:
                     continue
                 if all(type(k) is str for k in keys):
                     str_keys.add(keys)
-            try:
-                rows = _rows_of(s.name, got)
-            except Exception as e:
-                note_failure(s.what, s, e)
-                continue
-            dest.extend([{**std, **r} for r in rows])
+            dest.extend(_sampled_rows(s, got, std))
         if metrics:
             here.setdefault("metrics", []).extend(metrics)
         for table, rows in here.items():
@@ -604,6 +599,17 @@ def _drain() -> None:
     with _lock:
         for table, rows in out.items():
             pending.setdefault(table, []).extend(rows)
+
+
+def _sampled_rows(s: Source, got: Any, std: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``@table`` sample's rows with the standard columns (the user's column wins); none
+    when the value is not rows (the failure is noted against the source)."""
+    try:
+        rows = _rows_of(s.name, got)
+    except Exception as e:
+        note_failure(s.what, s, e)
+        return []
+    return [{**std, **r} for r in rows]
 
 
 def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> dict[str, Any]:
@@ -674,13 +680,8 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
             continue
         rows: list[dict[str, Any]] = []
         for step, rank, ts_ns, got, s in zip(steps, ranks, tss, gots, srcs):
-            try:
-                got_rows = _rows_of(name, got)
-            except Exception as e:
-                note_failure(s.what, s, e)
-                continue
             std1 = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
-            rows.extend([{**std1, **r} for r in got_rows])
+            rows.extend(_sampled_rows(s, got, std1))
         if rows:
             rows_out[name] = rows
     if metrics[0]:
