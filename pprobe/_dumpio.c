@@ -812,6 +812,22 @@ typedef float v4f __attribute__((vector_size(16)));
 #define LO4(v) __builtin_convertvector(((v4f){(v)[0], (v)[1], (v)[2], (v)[3]}), v4d)
 #define HI4(v) __builtin_convertvector(((v4f){(v)[4], (v)[5], (v)[6], (v)[7]}), v4d)
 
+/* the scalar tails of f32_run / f64_run (the values past the last full 8-lane step):
+ * min, max and sum (a non-finite value sends the run to the general path), then the squared
+ * deviations from the run's mean */
+#define RUN_TAIL_SUM(x, i, m, mn, mx, s)          \
+    for (; (i) < (m); (i)++) {                   \
+        if (!isfinite((x)[i])) return 0;         \
+        if ((x)[i] < (mn)) (mn) = (x)[i];        \
+        if ((x)[i] > (mx)) (mx) = (x)[i];        \
+        (s) += (x)[i];                           \
+    }
+#define RUN_TAIL_SQ(x, i, m, bm, q)              \
+    for (; (i) < (m); (i)++) {                   \
+        double d_ = (x)[i] - (bm);               \
+        (q) += d_ * d_;                          \
+    }
+
 CLONES static int f32_run(Acc *acc, const float *x, size_t m) {
     size_t i = 0, m8 = m & ~(size_t)7;
     float mn = x[0], mx = x[0];
@@ -844,12 +860,7 @@ CLONES static int f32_run(Acc *acc, const float *x, size_t m) {
         v4d t = s0 + s1;
         s = (t[0] + t[1]) + (t[2] + t[3]);
     }
-    for (; i < m; i++) {
-        if (!isfinite(x[i])) return 0;
-        if (x[i] < mn) mn = x[i];
-        if (x[i] > mx) mx = x[i];
-        s += x[i];
-    }
+    RUN_TAIL_SUM(x, i, m, mn, mx, s);
     double bm = s / (double)m, q = 0;
     i = 0;
     if (m8) {
@@ -864,10 +875,7 @@ CLONES static int f32_run(Acc *acc, const float *x, size_t m) {
         v4d t = q0 + q1;
         q = (t[0] + t[1]) + (t[2] + t[3]);
     }
-    for (; i < m; i++) {
-        double d = x[i] - bm;
-        q += d * d;
-    }
+    RUN_TAIL_SQ(x, i, m, bm, q);
     acc_merge(acc, (double)m, bm, q, mn, mx);
     return 1;
 }
@@ -911,12 +919,7 @@ CLONES static int f64_run(Acc *acc, const double *x, size_t m) {
         v4d t = s0 + s1;
         s = (t[0] + t[1]) + (t[2] + t[3]);
     }
-    for (; i < m; i++) {
-        if (!isfinite(x[i])) return 0;
-        if (x[i] < mn) mn = x[i];
-        if (x[i] > mx) mx = x[i];
-        s += x[i];
-    }
+    RUN_TAIL_SUM(x, i, m, mn, mx, s);
     double bm = s / (double)m, q = 0;
     i = 0;
     if (m8) {
@@ -933,10 +936,7 @@ CLONES static int f64_run(Acc *acc, const double *x, size_t m) {
         v4d t = q0 + q1;
         q = (t[0] + t[1]) + (t[2] + t[3]);
     }
-    for (; i < m; i++) {
-        double d = x[i] - bm;
-        q += d * d;
-    }
+    RUN_TAIL_SQ(x, i, m, bm, q);
     acc_merge(acc, (double)m, bm, q, mn, mx);
     return 1;
 }
