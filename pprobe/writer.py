@@ -740,17 +740,6 @@ def _nulls(pa: Any, n: int, tp: Any) -> Any:
     return c.slice(0, n)
 
 
-def _floats(pa: Any, np: Any, v: Any, valid: Any) -> Any:
-    """A float64 Arrow array of ``v``, null where ``valid`` is False or the value is NaN
-    (statistics are over finite values: NaN in a record means null)."""
-    if not valid.any():
-        return _nulls(pa, len(v), pa.float64())
-    v = np.ascontiguousarray(v, dtype=np.float64)
-    ok = valid & (v == v)
-    bitmap = None if ok.all() else pa.py_buffer(np.packbits(ok, bitorder="little"))
-    return pa.Array.from_buffers(pa.float64(), len(v), [bitmap, pa.py_buffer(v)])
-
-
 def _bools(pa: Any, np: Any, v: Any, valid: Any) -> Any:
     bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
     data = pa.py_buffer(np.packbits(np.asarray(v, dtype=bool), bitorder="little"))
