@@ -50,7 +50,7 @@ from array import array
 from collections import deque
 from typing import Any
 
-from . import _report, state
+from . import _report, packs, state
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 200  # bytes; file systems allow 255
@@ -159,6 +159,10 @@ class PyQueue:
         #: The codec the writer thread encodes with (pprobe.codecs); npy writes the bytes as
         #: they were queued (the .npy header and the array's bytes).
         self.codec = codec
+        if codec != "npy":
+            # Imported here, on the program's thread: a module imported on the writer thread
+            # can leave its import lock held by a thread a forked child does not have.
+            from . import codecs  # noqa: F401
         self._reset()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._reset)
@@ -239,8 +243,6 @@ class PyQueue:
         return self.thread is not None and self.thread.is_alive()
 
     def _run(self) -> None:
-        from . import state
-
         state.local.depth = state.INTERNAL
         while True:
             with self.cond:
@@ -294,8 +296,6 @@ class PyQueue:
 
     def _append(self, gen: int, kind: int, name: str, payload: bytes) -> None:
         """Append one entry to this process's pack (the writer thread only)."""
-        from . import packs
-
         if self._pack_fd >= 0 and (gen != self._pack_gen or self._pack_size >= packs.PACK_MAX):
             os.close(self._pack_fd)
             self._pack_fd = -1
@@ -320,7 +320,7 @@ class PyQueue:
 
     def _encode(self, a: Any) -> tuple[bytes, tuple]:
         """The dump's file bytes and (codec, max_abs_error, bytes), on the writer thread."""
-        from . import codecs
+        from . import codecs  # imported by __init__: no import runs on this thread
 
         try:
             blob, info = codecs.encode(self.codec, a)
@@ -375,8 +375,6 @@ class PyQueue:
 
 def _open_pack(dirfd: int, host: str, q: Any) -> int:
     """Create this process's next pack, ``.packs/{host}-{pid}-{k}.npk`` (0600, O_EXCL)."""
-    from . import packs
-
     try:
         os.mkdir(packs.PACK_DIR, 0o700, dir_fd=dirfd)
     except FileExistsError:

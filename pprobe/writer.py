@@ -25,6 +25,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from . import _report, logschema, recorder, records, safefs, state, values
+from . import arrowipc as A  # light; never imported on the writer thread (see FORK_WAIT_S)
 from .state import INTERNAL
 
 #: The longest a fork waits for a flush in progress. A flush takes milliseconds, but the first
@@ -289,8 +290,6 @@ class Writer:
         references) or imports a module the program did not import (pyarrow among them)."""
         import numpy as np
 
-        from . import arrowipc as A
-
         op_dt, desc_dt = records.numpy_dtypes()
         ops = np.frombuffer(heads, dtype=op_dt)
         strs = self._strings
@@ -468,8 +467,6 @@ class Writer:
             return None  # (the first batch may be empty: every process has its stacks shard)
         import numpy as np
 
-        from . import arrowipc as A
-
         # copies in one call each: an exported buffer would stop the recording thread's appends
         inner_a = np.frombuffer(inner.tobytes(), dtype=np.int64)[:n]
         outer_a = np.frombuffer(outer.tobytes(), dtype=np.int64)[:n]
@@ -590,8 +587,6 @@ class _Strings:
     def gather(self, ids: Any) -> Any:
         """The utf8 column of string ids ``ids`` (-1: null)."""
         import numpy as np
-
-        from . import arrowipc as A
 
         n = len(ids)
         if not n:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from helpers import meta, ops, run_script, shard_pids
 
 CHILDREN_PROG = """
@@ -235,3 +236,33 @@ def test_a_sigterm_handler_of_the_program_is_its_own(tmp_path: Path) -> None:
     run_dir = (tmp_path / "out" / "latest").resolve()
     assert [x["op"] for x in ops(run_dir)] == ["numpy.ones", "numpy.add"]
     assert meta(run_dir)["exit"] == {"status": "exited", "code": 7, "message": None}
+
+
+@pytest.mark.parametrize("mode", ["log", "dump"])
+def test_pprobe_threads_import_no_module(tmp_path: Path, mode: str) -> None:
+    """A module imported on a pprobe thread holds importlib's lock on it while it loads: a
+    child forked then would wait forever for a thread it lacks (CI saw a forked child's dumps
+    hang so). The writer and dump threads must find every module they use already imported."""
+    r = run_script(
+        tmp_path,
+        """
+        import sys, threading, time
+        seen = []
+
+        def hook(event, args):
+            if event == "import" and threading.current_thread().name.startswith("pprobe"):
+                seen.append((threading.current_thread().name, args[0]))
+
+        sys.addaudithook(hook)
+        import numpy as np
+
+        for k in range(3):
+            for i in range(2000):
+                np.negative(np.full(100, float(i)))
+            time.sleep(1.0)  # the writer's timed flush runs on its thread
+        print(sorted(set(seen)))
+        """,
+        env={"PPROBE_MODE": mode},
+    ).check()
+    assert r.out.strip() == "[]"
+    assert len(ops(r.run_dir, "op = 'numpy.negative'")) == 6000
