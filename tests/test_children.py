@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import meta, ops, run_script, shard_pids
+from helpers import meta, ops, run_script, shard_pids, sql
 
 CHILDREN_PROG = """
     import json, multiprocessing as mp, os, subprocess, sys
@@ -266,3 +266,59 @@ def test_pprobe_threads_import_no_module(tmp_path: Path, mode: str) -> None:
     ).check()
     assert r.out.strip() == "[]"
     assert len(ops(r.run_dir, "op = 'numpy.negative'")) == 6000
+
+
+def test_children_forked_while_the_python_tables_are_written_do_not_hang(tmp_path: Path) -> None:
+    """The pprobe-ext thread's first write imports numpy and pyarrow (0.1-1 s on a loaded
+    machine); a child forked in that window must not inherit importlib's lock on them, held
+    by a thread it lacks. The imports are slowed to 0.5 s each on that thread (a finder in
+    front of the real one), and the program forks every 20 ms across them: each child
+    records a row and exits, writing its own shard (its own imports)."""
+    r = run_script(
+        tmp_path,
+        """
+        import importlib.machinery, os, sys, threading, time
+
+        class Slow:
+            def find_spec(self, name, path, target=None):
+                if name not in ("numpy", "pyarrow") or \\
+                        threading.current_thread().name != "pprobe-ext":
+                    return None
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+                real = spec.loader.exec_module
+
+                def exec_module(module):
+                    time.sleep(0.5)
+                    real(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, Slow())
+        import pprobe
+
+        pprobe.record("t", {"a": -1})  # starts the pprobe-ext thread (it writes every 1 s)
+
+        @pprobe.metric("m")  # sampled every 0.5 s on that thread: the flush's column way
+        def m():
+            return 1.5
+
+        kids, t0 = [], time.monotonic()
+        while time.monotonic() - t0 < 3.0:
+            pid = os.fork()
+            if pid == 0:
+                pprobe.record("t", {"a": len(kids)})
+                sys.exit(0)  # atexit: the child writes its shard
+            kids.append(pid)
+            time.sleep(0.02)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids]
+        print(len(kids), sorted(set(codes)))
+        """,
+        env={"PPROBE_MODE": "log", "PPROBE_SAMPLE_SECONDS": "0.5"},
+        timeout=90,
+    ).check()
+    n, codes = r.out.split(" ", 1)
+    assert codes.strip() == "[0]"
+    got = sql(r.run_dir, "SELECT a FROM python.t")
+    assert sorted(x["a"] for x in got) == list(range(-1, int(n)))
+    assert sql(r.run_dir, "SELECT count(*) AS n FROM python.metrics")[0]["n"] >= 3

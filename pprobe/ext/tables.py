@@ -793,9 +793,10 @@ _fork_locked = False
 
 
 def _before_fork() -> None:
-    """Wait for a write in progress: the pprobe-ext thread imports pyarrow and writes under
-    ``_write_lock``, and a child forked in the middle inherits importlib's lock on the module
-    held by a thread it does not have (its first import of pyarrow would wait forever)."""
+    """Wait for a write in progress: the pprobe-ext thread imports numpy and pyarrow, builds
+    and writes under ``_write_lock``, and a child forked in the middle inherits importlib's
+    lock on the module held by a thread it does not have (its first import would wait
+    forever)."""
     global _fork_locked
     _fork_locked = _write_lock.acquire(timeout=FORK_WAIT_S)
 
@@ -904,7 +905,9 @@ def flush() -> None:
     if s is not None and not taps:
         batch = _take_raw()
         if batch:
-            with state.internal():
+            # under _write_lock: the first build imports numpy and pyarrow, and a fork waits
+            # for it (_before_fork)
+            with state.internal(), _write_lock:
                 try:
                     built = _columns_of(batch)
                 except Exception as e:
