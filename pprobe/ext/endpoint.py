@@ -157,7 +157,9 @@ class Endpoint:
         except Refused as e:
             return {"error": f"refused: {e}"}
         except Exception as e:
-            if self.stopping:
+            # Only the program's end interrupts a live query: stop() does, and so may DuckDB
+            # itself as the interpreter ends, before stop() has run (DuckDB 2.0).
+            if self.stopping or str(e).startswith("INTERRUPT Error"):
                 return {"error": "the program stopped before the query ended"}
             return {"error": str(e)}
 
