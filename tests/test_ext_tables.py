@@ -391,3 +391,37 @@ def test_the_column_way_makes_the_tables_the_rows_way_makes(case: str) -> None:
     for t in rows:
         assert cols[t].schema == rows[t].schema, (t, cols[t].schema, rows[t].schema)
         assert cols[t].to_pylist() == rows[t].to_pylist(), t
+
+
+def test_rows_given_by_column_are_written_as_the_same_rows(tmp_path: Path) -> None:
+    """The built-in hooks' column way (tables._add_columns) writes the table their rows
+    would: same columns in the same order, types and values, across flushes and with a
+    standard column (step) given by the caller winning; with a tap they reach it as rows."""
+    r = run_script(
+        tmp_path,
+        """
+        import pprobe
+        from pprobe.ext import tables
+        from pprobe.hooks import builtin
+
+        for k in range(3):
+            cols = {"hook": ["h"] * 2, "step": [k, k], "param": ["w", "b"],
+                    "numel": [6, 0], "norm": [1.5 * k, float("nan")],
+                    "nan_count": [0, k]}
+            builtin.record_columns("by_cols", cols, 2)
+            builtin.record("by_rows", builtin.rows_of(cols))
+            if k == 1:
+                tables.flush()
+        seen = []
+        tables.taps.append(lambda t, rows: seen.append((t, len(rows), rows[0]["param"])))
+        builtin.record_columns("by_cols", {"hook": ["x"], "param": ["p"]}, 1)
+        print(seen)
+        """,
+        env={"PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.strip() == "[('by_cols', 1, 'p')]"
+    q = "SELECT * EXCLUDE (ts_ns) FROM python.{} ORDER BY ts_ns, param"
+    a, b = sql(r.run_dir, q.format("by_cols")), sql(r.run_dir, q.format("by_rows"))
+    assert [list(x) for x in a[:6]] == [list(x) for x in b]  # the same columns, in order
+    assert [str(x) for x in a[:6]] == [str(x) for x in b]  # NaN == NaN as text
+    assert [x["step"] for x in b] == [0, 0, 1, 1, 2, 2] and a[6]["param"] == "p"

@@ -76,6 +76,9 @@ sources: dict[tuple[str, str], Source] = {}
 static: dict[str, tuple[Any, str | None]] = {}
 #: table -> rows not yet written (dicts, their standard columns filled)
 pending: dict[str, list[dict[str, Any]]] = {}
+#: table -> rows not yet written given column by column (the built-in hooks' own, when no
+#: tap wants rows): [(standard columns, {name: values}, row count)]
+pending_cols: dict[str, list[tuple[dict[str, Any], dict[str, list[Any]], int]]] = {}
 #: table -> rows already written by this process, kept only when no run records them
 memory: dict[str, list[dict[str, Any]]] = {}
 #: Functions called with (table, rows) for every batch of rows added (the exporters' tap:
@@ -210,6 +213,68 @@ def _add_rows(table: str, out: list[dict[str, Any]]) -> None:
         pending.setdefault(table, []).extend(out)
     for tap in taps:
         tap(table, out)
+
+
+def _add_columns(table: str, cols: dict[str, list[Any]], n: int) -> None:
+    """``n`` rows given column by column: the built-in hooks' own (str names, plain values,
+    under a valid table name: no check is made; a standard column given wins, as in a row).
+    Written column by column at the flush, with no dict per row; rows when a tap wants
+    them."""
+    std = _std()
+    if taps:
+        names = list(cols)
+        _add_rows(table, [{**std, **dict(zip(names, vals))} for vals in zip(*cols.values())])
+        return
+    with _lock:
+        pending_cols.setdefault(table, []).append((std, cols, n))
+
+
+def _cols_to_rows() -> None:
+    """The column chunks of ``pending_cols`` as rows of ``pending`` (memory, live queries)."""
+    with _lock:
+        if not pending_cols:
+            return
+        chunks = dict(pending_cols)
+        pending_cols.clear()
+        for table, parts in chunks.items():
+            dest = pending.setdefault(table, [])
+            for std, cols, _n in parts:
+                names = list(cols)
+                dest.extend({**std, **dict(zip(names, vals))} for vals in zip(*cols.values()))
+
+
+def _take_cols() -> dict[str, list[tuple[dict[str, Any], dict[str, list[Any]], int]]]:
+    with _lock:
+        chunks = dict(pending_cols)
+        pending_cols.clear()
+    return chunks
+
+
+def _table_of_cols(parts: list[tuple[dict[str, Any], dict[str, list[Any]], int]]) -> Any:
+    """One Arrow table from a table's column chunks (the standard columns first, as
+    :func:`build_table` orders a row's); chunks whose names differ go through rows."""
+    import numpy as np
+    import pyarrow as pa
+
+    names = list(parts[0][1])
+    if any(list(c) != names for _s, c, _n in parts):
+        rows = [{**std, **dict(zip(list(c), vals))} for std, c, _n in parts
+                for vals in zip(*c.values())]  # fmt: skip
+        return build_table(rows, list(STD_COLUMNS))
+    total = sum(n for _s, _c, n in parts)
+    columns: list[list[Any]] = []
+    for k in STD_COLUMNS:  # a column given by name wins over the standard one
+        col: list[Any] = []
+        for std, c, n in parts:
+            col += c[k] if k in c else [std[k]] * n
+        columns.append(col)
+    own = [k for k in names if k not in _STD_TYPES]
+    for k in own:
+        col = []
+        for _s, c, _n in parts:
+            col += c[k]
+        columns.append(col)
+    return _from_columns(pa, np, [*STD_COLUMNS, *own], columns, total)
 
 
 def _is_pandas(x: Any) -> bool:
@@ -773,6 +838,7 @@ def clear_rows() -> None:
     with _lock:
         _raw.clear()
         pending.clear()
+        pending_cols.clear()
         memory.clear()
 
 
@@ -914,10 +980,13 @@ def flush() -> None:
                     _report.internal_error("writing the python tables", e)
     else:
         _drain()
+    if s is None:
+        _cols_to_rows()
+    cols = _take_cols()
     with _lock:
         todo = {k: v for k, v in pending.items() if v}
         pending.clear()
-    if not todo and not built:
+    if not todo and not built and not cols:
         return
     if s is None:
         with _lock:
@@ -935,6 +1004,11 @@ def flush() -> None:
         for t, tbl in built.items():
             try:
                 _append(s, t, tbl)
+            except Exception as e:
+                _report.internal_error(f"writing python.{t}", e)
+        for t, parts in cols.items():
+            try:
+                _append(s, t, _table_of_cols(parts))
             except Exception as e:
                 _report.internal_error(f"writing python.{t}", e)
 
@@ -1031,6 +1105,7 @@ def _write_snapshot(name: str, tbl: Any, std_columns: bool = False) -> None:
 def snapshot_memory() -> dict[str, Any]:
     """Rows not written to a run (no session, or still pending) as Arrow tables, by table."""
     _drain()
+    _cols_to_rows()
     with _lock:
         rows = {t: list(memory.get(t, [])) + list(pending.get(t, [])) for t in
                 set(memory) | set(pending)}  # fmt: skip
