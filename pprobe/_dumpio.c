@@ -1347,52 +1347,120 @@ static void grad_one(GJob *j) {
     j->ss = ss, j->s = s, j->lo = lo, j->hi = hi, j->nz = nz, j->nan = nan, j->inf = inf;
 }
 
-/* grad_stats([(address, code, numel), ...]) -> [(sum of squares, sum, min, max, non-zeros,
- * NaNs, infs), ...] for contiguous memory the caller keeps alive; the GIL is released once for
- * the whole list (the statistics thread asks for it twice per step, not per tensor op). */
-static PyObject *py_grad_stats(PyObject *self, PyObject *seq) {
-    PyObject *fast = PySequence_Fast(seq, "grad_stats: a list of (address, code, numel)");
+/* grad_columns(grads, tensor_type, strided, codes) -> (norm, max_abs, mean, zero_frac,
+ * nan_count, inf_count), a list each, one item per grad: GradientFlowHook's columns of
+ * plain contiguous CPU tensors, read and computed here (the attribute reads included: the
+ * caller has disabled torch function modes). None when one grad is not such a tensor
+ * (``type(g) is tensor_type``, ``g.is_cpu``, ``g.layout is strided``, ``codes[g.dtype]`` a
+ * floating code, ``g.is_contiguous()``, not ``g.is_neg()`` / ``g.is_conj()``): the caller's
+ * general path then gives the same numbers. max_abs is Python's max(-min, max) (NaN: max). */
+static PyObject *s_is_cpu, *s_layout, *s_dtype, *s_is_contiguous, *s_is_neg, *s_is_conj,
+    *s_data_ptr, *s_numel;
+
+static int grad_names(void) {
+    if (s_numel) return 0;
+#define INTERN(v, s) \
+    if (!(v = PyUnicode_InternFromString(s))) return -1;
+    INTERN(s_is_cpu, "is_cpu");
+    INTERN(s_layout, "layout");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_is_contiguous, "is_contiguous");
+    INTERN(s_is_neg, "is_neg");
+    INTERN(s_is_conj, "is_conj");
+    INTERN(s_data_ptr, "data_ptr");
+    INTERN(s_numel, "numel");
+#undef INTERN
+    return 0;
+}
+
+/* 1: obj.name (called when call) is True; 0: False; -1: error */
+static int attr_true(PyObject *obj, PyObject *name, int call) {
+    PyObject *v = call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    int r = v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* the job of one grad: 1 done, 0 not such a tensor, -1 error */
+static int grad_job(PyObject *g, PyObject *tensor_type, PyObject *strided, PyObject *codes,
+                    GJob *j) {
+    if ((PyObject *)Py_TYPE(g) != tensor_type) return 0;
+    int r = attr_true(g, s_is_cpu, 0);
+    if (r != 1) return r;
+    PyObject *v = PyObject_GetAttr(g, s_layout);
+    if (!v) return -1;
+    Py_DECREF(v); /* identity only: strided is kept alive by the caller */
+    if (v != strided) return 0;
+    if (!(v = PyObject_GetAttr(g, s_dtype))) return -1;
+    PyObject *code = PyDict_GetItemWithError(codes, v);
+    Py_DECREF(v);
+    if (!code) return PyErr_Occurred() ? -1 : 0;
+    long t = PyLong_AsLong(code);
+    if (t == -1 && PyErr_Occurred()) return -1;
+    if (t != T_F16 && t != T_BF16 && t != T_F32 && t != T_F64) return 0;
+    if ((r = attr_true(g, s_is_contiguous, 1)) != 1) return r;
+    if ((r = attr_true(g, s_is_neg, 1)) != 0) return r == 1 ? 0 : -1;
+    if ((r = attr_true(g, s_is_conj, 1)) != 0) return r == 1 ? 0 : -1;
+    if (!(v = PyObject_CallMethodNoArgs(g, s_data_ptr))) return -1;
+    j->p = (const char *)PyLong_AsVoidPtr(v);
+    Py_DECREF(v);
+    if (!(v = PyObject_CallMethodNoArgs(g, s_numel))) return -1;
+    j->n = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (j->n < 0 || (!j->p && j->n)) return 0;
+    j->t = (int)t;
+    return 1;
+}
+
+static PyObject *py_grad_columns(PyObject *self, PyObject *const *a, Py_ssize_t na) {
+    if (na != 4 || !PyDict_Check(a[3])) {
+        PyErr_SetString(PyExc_TypeError, "grad_columns(grads, tensor_type, strided, codes)");
+        return NULL;
+    }
+    if (grad_names() < 0) return NULL;
+    PyObject *fast = PySequence_Fast(a[0], "grad_columns: a list of tensors");
     if (!fast) return NULL;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
     GJob *jobs = PyMem_Calloc(m ? (size_t)m : 1, sizeof(GJob));
+    PyObject *out = NULL, *cols[6] = {NULL};
     if (!jobs) {
         Py_DECREF(fast);
         return PyErr_NoMemory();
     }
-    PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *it = PySequence_Fast_GET_ITEM(fast, i);
-        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 3) {
-            PyErr_SetString(PyExc_TypeError, "grad_stats: items are (address, code, numel)");
+        int r = grad_job(PySequence_Fast_GET_ITEM(fast, i), a[1], a[2], a[3], &jobs[i]);
+        if (r < 0) goto done;
+        if (r == 0) {
+            out = Py_NewRef(Py_None);
             goto done;
         }
-        jobs[i].p = (const char *)PyLong_AsVoidPtr(PyTuple_GET_ITEM(it, 0));
-        long t = PyLong_AsLong(PyTuple_GET_ITEM(it, 1));
-        jobs[i].n = PyLong_AsSsize_t(PyTuple_GET_ITEM(it, 2));
-        if (PyErr_Occurred()) goto done;
-        if ((t != T_F16 && t != T_BF16 && t != T_F32 && t != T_F64) || jobs[i].n < 0 ||
-            (!jobs[i].p && jobs[i].n)) {
-            PyErr_SetString(PyExc_ValueError, "grad_stats: a floating type code, numel >= 0");
-            goto done;
-        }
-        jobs[i].t = (int)t;
     }
     Py_BEGIN_ALLOW_THREADS;
     for (Py_ssize_t i = 0; i < m; i++) grad_one(&jobs[i]);
     Py_END_ALLOW_THREADS;
-    out = PyList_New(m);
-    if (!out) goto done;
+    for (int c = 0; c < 6; c++)
+        if (!(cols[c] = PyList_New(m))) goto done;
     for (Py_ssize_t i = 0; i < m; i++) {
         GJob *j = &jobs[i];
-        PyObject *row = Py_BuildValue("(ddddLLL)", j->ss, j->s, j->lo, j->hi, j->nz, j->nan,
-                                      j->inf);
-        if (!row) {
-            Py_CLEAR(out);
-            goto done;
+        double size = j->n > 0 ? (double)j->n : 1.0;
+        double mx = (j->lo != j->lo || j->hi != j->hi) ? j->hi : (j->hi > -j->lo ? j->hi : -j->lo);
+        PyObject *v[6] = {PyFloat_FromDouble(sqrt(j->ss)), PyFloat_FromDouble(mx),
+                          PyFloat_FromDouble(j->s / size),
+                          PyFloat_FromDouble((double)(j->n - j->nz) / size),
+                          PyLong_FromLongLong(j->nan), PyLong_FromLongLong(j->inf)};
+        for (int c = 0; c < 6; c++) {
+            if (!v[c]) {
+                for (int k = 0; k < 6; k++) Py_XDECREF(v[k]);
+                goto done;
+            }
         }
-        PyList_SET_ITEM(out, i, row);
+        for (int c = 0; c < 6; c++) PyList_SET_ITEM(cols[c], i, v[c]);
     }
+    out = PyTuple_Pack(6, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5]);
 done:
+    for (int c = 0; c < 6; c++) Py_XDECREF(cols[c]);
     PyMem_Free(jobs);
     Py_DECREF(fast);
     return out;
@@ -1414,8 +1482,9 @@ static PyMethodDef methods[] = {
     {"stats", py_stats, METH_O, "(min, max, mean, std, nan, inf) of an array (any strides)"},
     {"stats_at", (PyCFunction)(void (*)(void))py_stats_at, METH_FASTCALL,
      "stats_at(address, code, shape, strides) -> the same, from a tensor's memory"},
-    {"grad_stats", py_grad_stats, METH_O,
-     "grad_stats([(address, code, numel)]) -> [(sumsq, sum, min, max, nonzero, nan, inf)]"},
+    {"grad_columns", (PyCFunction)(void (*)(void))py_grad_columns, METH_FASTCALL,
+     "grad_columns(grads, tensor_type, strided, codes) -> (norm, max_abs, mean, zero_frac, "
+     "nan_count, inf_count) lists, or None"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._dumpio",

@@ -1,4 +1,4 @@
-"""GradientFlowHook's native gradient statistics (pprobe/_dumpio.c ``grad_stats``) against
+"""GradientFlowHook's native gradient statistics (pprobe/_dumpio.c ``grad_columns``) against
 NumPy and against the torch path they stand in for (``builtin.grad_stats``)."""
 
 from __future__ import annotations
@@ -18,11 +18,15 @@ native = pytest.mark.skipif(core.dumpio() is None, reason="PPROBE_CORE=python: t
 
 
 def expected(g: Any) -> tuple:
+    """NumPy's (norm, max_abs, mean, zero_frac, nan_count, inf_count) of ``g``, in double:
+    the hook's columns (max_abs as the hook defines it: max(-min, max), NaN with a NaN)."""
     a = g.detach().double().numpy().ravel()
     nan, inf = int(np.isnan(a).sum()), int(np.isinf(a).sum())
     lo, hi = (float("nan"),) * 2 if nan else (float(a.min()), float(a.max())) if a.size else (0, 0)
+    size = max(1, a.size)
     with np.errstate(invalid="ignore", over="ignore"):
-        return (float((a * a).sum()), float(a.sum()), lo, hi, int((a != 0).sum()), nan, inf)
+        return (math.sqrt(float((a * a).sum())), hi if nan else max(-lo, hi),
+                float(a.sum()) / size, int(a.size - (a != 0).sum()) / size, nan, inf)  # fmt: skip
 
 
 def same(x: float, y: float) -> bool:
@@ -43,12 +47,14 @@ def test_against_numpy(dtype: str) -> None:
     inf_only = torch.ones(6, dtype=dt)
     inf_only[2] = float("-inf")
     grads += [bad, inf_only]
-    got = builtin.native_grad_stats(torch, grads)
-    assert got is not None
-    for t, r in zip(grads, got):
-        e = expected(t)
-        assert all(same(x, y) for x, y in zip(r[:4], e[:4])), (dtype, r, e)
-        assert r[4:] == e[4:], (dtype, r, e)
+    got = builtin.native_grad_columns(torch, grads)
+    assert got is not None and len(got) == 6
+    assert all(len(c) == len(grads) for c in got)
+    for i, t in enumerate(grads):
+        r, e = tuple(c[i] for c in got), expected(t)
+        assert all(same(x, y) for x, y in zip(r[:3], e[:3])), (dtype, r, e)
+        assert r[3:] == e[3:], (dtype, r, e)
+        assert [type(x) for x in r] == [float] * 4 + [int] * 2
 
 
 @native
@@ -59,9 +65,11 @@ def test_rows_match_the_torch_path() -> None:
     grads = [torch.randn(64, 128, generator=g), torch.randn(10, generator=g).relu()]
     names, numels = ["w", "b"], [g_.numel() for g_ in grads]
     hook = builtin.GradientFlowHook(frequency=1)
-    fast = hook._cpu_rows(torch, 3, names, numels, grads)
+    fast = builtin.rows_of(hook._cpu_cols(torch, 3, names, numels, grads))
     fl, it = builtin.grad_stats(torch, grads, counts=True)
-    slow = builtin._rows(hook.name, 3, names, numels, fl.tolist(), it.tolist(), None)
+    slow = builtin.rows_of(
+        builtin._cols(hook.name, 3, names, numels, fl.tolist(), it.tolist(), None)
+    )
     assert [r["param"] for r in fast] == names
     for a, b in zip(fast, slow):
         for k in ("norm", "max_abs", "mean"):
@@ -73,10 +81,20 @@ def test_rows_match_the_torch_path() -> None:
 def test_declines_what_it_does_not_read() -> None:
     """Other dtypes, non-contiguous views and subclasses go to the torch path (None)."""
     x = torch.randn(6, 4)
-    assert builtin.native_grad_stats(torch, [x.t()]) is None  # not contiguous
-    assert builtin.native_grad_stats(torch, [torch.ones(3, dtype=torch.int64)]) is None
-    assert builtin.native_grad_stats(torch, []) is None
+    f = builtin.native_grad_columns
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert f(torch, [x, x.t()]) is None  # not contiguous
+    assert f(torch, [torch.ones(3, dtype=torch.int64)]) is None
+    assert f(torch, [torch.ones(3, dtype=torch.complex64)]) is None
+    assert f(torch, [x, x.as_subclass(Sub)]) is None
+    assert f(torch, [x._neg_view()]) is None
+    assert f(torch, [torch.ones(3, device="meta")]) is None
+    assert f(torch, [x.to_sparse()]) is None
+    assert f(torch, []) is None
     if core.dumpio() is None:
-        assert builtin.native_grad_stats(torch, [x]) is None
+        assert f(torch, [x]) is None
     else:
-        assert builtin.native_grad_stats(torch, [x]) is not None
+        assert f(torch, [x]) is not None

@@ -42,6 +42,19 @@ def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     _tables._activate()
 
 
+def record_columns(table: str, cols: dict[str, list[Any]], n: int) -> None:
+    """``n`` rows into python.<table> given column by column (as :func:`record`'s rows: the
+    built-in hooks' own): no dict per row on the caller's thread, none at the flush."""
+    global _tables
+    if _tables is None:
+        from ..ext import tables
+
+        _tables = tables
+    if n:
+        _tables._add_columns(table, cols, n)
+        _tables._activate()
+
+
 def run_dir(hook: BaseHook) -> str | None:
     """The run folder: the ``experiment_dir`` service, else the active session's run."""
     d = hook.get_service("experiment_dir")
@@ -438,18 +451,19 @@ def grad_stats(torch: Any, grads: list[Any], counts: bool) -> tuple[Any, Any]:
     return torch.stack(norms + mins + maxs + sums), torch.stack(ints)
 
 
-#: torch dtype -> pprobe/_dumpio.c's element type code, for its grad_stats (made once)
+#: torch dtype -> pprobe/_dumpio.c's element type code, for its grad_columns (made once)
 _grad_codes: dict[Any, int] = {}
 
 
-def native_grad_stats(torch: Any, grads: list[Any]) -> list[tuple] | None:
-    """:func:`grad_stats`' numbers for contiguous floating CPU grads from the native code:
-    one call for every grad, in double, that gives up the GIL while it reads their memory
-    (the statistics thread then takes the GIL twice per step, not twice per torch op, and
-    the training thread is not made to hand it over dozens of times a step). Per grad:
-    (sum of squares, sum, min, max, non-zeros, NaNs, infs). None when it does not apply
-    (``PPROBE_CORE=python``, no native code, another dtype, device or layout, a subclass or
-    a view that is not plain memory): the torch path gives the same numbers."""
+def native_grad_columns(torch: Any, grads: list[Any]) -> tuple[list[Any], ...] | None:
+    """The python.gradient_flow columns norm, max_abs, mean, zero_frac, nan_count and
+    inf_count (a list each, an item per grad) of contiguous floating CPU grads, from the
+    native code: one call for every grad that reads their attributes, then, without the GIL,
+    their memory, in double (the statistics thread takes the GIL twice per wake-up, not per
+    torch op; the training thread does not hand it over dozens of times a step). None when
+    it does not apply (``PPROBE_CORE=python``, no native code, another dtype, device or
+    layout, a subclass or a view that is not plain memory): the torch path gives the same
+    numbers (:func:`grad_stats`, :func:`_cols`)."""
     from .. import core
 
     mod = core.dumpio()
@@ -458,29 +472,21 @@ def native_grad_stats(torch: Any, grads: list[Any]) -> list[tuple] | None:
     codes = _grad_codes
     if not codes:
         codes.update({torch.float16: 9, torch.bfloat16: 10, torch.float32: 11, torch.float64: 12})
-    jobs = []
-    with _plain(torch, grads):
-        for g in grads:
-            if type(g) is not torch.Tensor or not g.is_cpu or g.layout is not torch.strided:
-                return None
-            code = codes.get(g.dtype)
-            if code is None or not g.is_contiguous() or g.is_neg() or g.is_conj():
-                return None
-            jobs.append((g.data_ptr(), code, g.numel()))
-    try:
-        return mod.grad_stats(jobs)  # type: ignore[no-any-return]
-    except (TypeError, ValueError, OverflowError):
-        return None
+    with _plain(torch, grads):  # the attribute reads, which a torch function mode would see
+        try:
+            return mod.grad_columns(grads, torch.Tensor, torch.strided, codes)  # type: ignore[no-any-return]
+        except (TypeError, ValueError, OverflowError, RuntimeError):
+            return None  # symbolic sizes, no storage: the torch path
 
 
-def _rows(hook: str, step: int, names: list[str], numels: list[int], fl: list[float],
+def _cols(hook: str, step: int, names: list[str], numels: list[int], fl: list[float],
           ints: list[int], counts: dict[int, tuple[int, int]] | None,
-          ) -> list[dict[str, Any]]:  # fmt: skip
-    """The python.gradient_flow rows of one step from :func:`grad_stats`' host values;
-    ``counts``: (nan, inf) per index when they were not in ``ints`` (0, 0 where the norm is
-    finite: every element is)."""
+          ) -> dict[str, list[Any]]:  # fmt: skip
+    """The python.gradient_flow rows of one step from :func:`grad_stats`' host values, column
+    by column (:data:`GRADIENT_FLOW_COLUMNS`); ``counts``: (nan, inf) per index when they
+    were not in ``ints`` (0, 0 where the norm is finite: every element is)."""
     n = len(names)
-    out = []
+    cols: dict[str, list[Any]] = {k: [] for k in GRADIENT_FLOW_COLUMNS}
     for i, name in enumerate(names):
         size = max(1, numels[i])
         if counts is None:
@@ -489,11 +495,31 @@ def _rows(hook: str, step: int, names: list[str], numels: list[int], fl: list[fl
             nan, inf = counts.get(i, (0, 0))
         lo, hi = fl[n + i], fl[2 * n + i]
         max_abs = hi if lo != lo or hi != hi else max(-lo, hi)  # NaN: aminmax says NaN
-        out.append({"hook": hook, "step": step, "param": name, "numel": numels[i],
-                    "norm": fl[i], "max_abs": max_abs, "mean": fl[3 * n + i] / size,
-                    "zero_frac": (numels[i] - ints[i]) / size,
-                    "nan_count": nan, "inf_count": inf})  # fmt: skip
-    return out
+        vals = (
+            hook,
+            step,
+            name,
+            numels[i],
+            fl[i],
+            max_abs,
+            fl[3 * n + i] / size,
+            (numels[i] - ints[i]) / size,
+            nan,
+            inf,
+        )
+        for k, v in zip(GRADIENT_FLOW_COLUMNS, vals):
+            cols[k].append(v)
+    return cols
+
+
+#: python.gradient_flow's own columns, in order.
+GRADIENT_FLOW_COLUMNS = ("hook", "step", "param", "numel", "norm", "max_abs", "mean",
+                         "zero_frac", "nan_count", "inf_count")  # fmt: skip
+
+
+def rows_of(cols: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Rows (dicts) of columns given as lists."""
+    return [dict(zip(cols, vals)) for vals in zip(*cols.values())]
 
 
 def _reused(torch: Any, prev: list[Any], grads: list[Any]) -> bool:
@@ -555,8 +581,8 @@ class GradientFlowHook(BaseHook):
         self._mode = "copy" if handoff == "copy" else "probe"
         self._prev: list[Any] | None = None  # the probe hand-off's grads
         self._held = 0  # bytes of the grads held by reference, not yet verified
-        self._unverified: list[tuple[list[Any], list[int], list[Any], int]] = []
-        self._ready: collections.deque[list[dict[str, Any]]] = collections.deque()
+        self._unverified: list[tuple[list[Any], list[int], dict[str, list[Any]], int]] = []
+        self._ready: collections.deque[dict[str, list[Any]]] = collections.deque()
         self._last: tuple[list[Any], list[int]] | None = None  # the latest reference hand-off
         self.dropped_steps = 0  # steps whose rows were dropped: a grad changed (_verify)
         self._jobs: collections.deque[Any] = collections.deque()
@@ -650,7 +676,9 @@ class GradientFlowHook(BaseHook):
                         self.async_cpu
                         and self._handoff(torch, step, names, numels, grads, key, nbytes)
                     ):
-                        record("gradient_flow", self._cpu_rows(torch, step, names, numels, grads))
+                        record_columns("gradient_flow",
+                                       self._cpu_cols(torch, step, names, numels, grads),
+                                       len(names))  # fmt: skip
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
                 hosts = []
@@ -665,28 +693,30 @@ class GradientFlowHook(BaseHook):
                     ev.record()
                 self._inflight.append((step, names, numels, hosts, ev))
 
-    def _cpu_rows(self, torch: Any, step: int, names: list[str], numels: list[int],
-                  grads: list[Any]) -> list[dict[str, Any]]:  # fmt: skip
-        """The python.gradient_flow rows of CPU grads, computed now (on the calling thread)."""
-        got = native_grad_stats(torch, grads)
+    def _cpu_cols(self, torch: Any, step: int, names: list[str], numels: list[int],
+                  grads: list[Any]) -> dict[str, list[Any]]:  # fmt: skip
+        """The python.gradient_flow rows (:func:`_cols`) of CPU grads, computed now (on the
+        calling thread)."""
+        got = native_grad_columns(torch, grads)
         if got is not None:
-            return self._native_rows(step, names, numels, got)
+            return self._native_cols(step, names, numels, got)
         with _plain(torch, grads), torch.no_grad():
             fl, it = grad_stats(torch, grads, counts=False)
             flv, itv = fl.tolist(), it.tolist()
             bad = [j for j in range(len(grads)) if not math.isfinite(flv[j])]
             counts = {j: (int(torch.isnan(grads[j]).sum()), int(torch.isinf(grads[j]).sum()))
                       for j in bad}  # fmt: skip
-        return _rows(self.name, step, names, numels, flv, itv, counts)
+        return _cols(self.name, step, names, numels, flv, itv, counts)
 
-    def _native_rows(self, step: int, names: list[str], numels: list[int],
-                     got: list[tuple]) -> list[dict[str, Any]]:  # fmt: skip
-        """The rows from :func:`native_grad_stats`' tuples (one per grad)."""
-        fl = ([math.sqrt(r[0]) for r in got] + [r[2] for r in got] + [r[3] for r in got]
-              + [r[1] for r in got])  # fmt: skip
-        ints = [r[4] for r in got] + [r[5] for r in got] + [r[6] for r in got]
-        assert len(fl) == 4 * len(names)
-        return _rows(self.name, step, names, numels, fl, ints, None)
+    def _native_cols(self, step: int, names: list[str], numels: list[int],
+                     got: tuple[list[Any], ...]) -> dict[str, list[Any]]:  # fmt: skip
+        """The rows (:func:`_cols`) with :func:`native_grad_columns`' columns."""
+        n = len(names)
+        norm, max_abs, mean, zero_frac, nan, inf = got
+        assert len(norm) == n
+        return {"hook": [self.name] * n, "step": [step] * n, "param": names, "numel": numels,
+                "norm": norm, "max_abs": max_abs, "mean": mean, "zero_frac": zero_frac,
+                "nan_count": nan, "inf_count": inf}  # fmt: skip
 
     def _handoff(self, torch: Any, step: int, names: list[str], numels: list[int],
                  grads: list[Any], key: Any, nbytes: int) -> bool:  # fmt: skip
@@ -770,28 +800,28 @@ class GradientFlowHook(BaseHook):
                         break
                 if not jobs:
                     return
-                outs = self._many_rows(torch, jobs)
+                outs = self._many_cols(torch, jobs)
                 for (_s, _n, _c, grads, versions, hold), out in zip(jobs, outs):
                     if versions is None:
-                        record("gradient_flow", out)
+                        record_columns("gradient_flow", out, len(out["param"]))
                         with self._lock:
                             self._free.append(hold)
                     else:
                         with self._lock:
                             self._unverified.append((grads, versions, out, hold))
 
-    def _many_rows(self, torch: Any, jobs: list[Any]) -> list[list[dict[str, Any]]]:
-        """Each job's rows: one native call for all their grads, else job by job (as
-        :meth:`_cpu_rows` alone: a job that fails gives no rows and is reported)."""
+    def _many_cols(self, torch: Any, jobs: list[Any]) -> list[dict[str, list[Any]]]:
+        """Each job's rows (:func:`_cols`): one native call for all their grads, else job by
+        job (as :meth:`_cpu_cols` alone: a job that fails gives no rows and is reported)."""
         if len(jobs) > 1:
             try:
                 with state.internal():
-                    got = native_grad_stats(torch, [g for j in jobs for g in j[3]])
+                    got = native_grad_columns(torch, [g for j in jobs for g in j[3]])
                     if got is not None:
                         outs, k = [], 0
                         for step, names, numels, grads, _v, _h in jobs:
-                            outs.append(self._native_rows(step, names, numels,
-                                                          got[k : k + len(grads)]))  # fmt: skip
+                            part = tuple(c[k : k + len(grads)] for c in got)
+                            outs.append(self._native_cols(step, names, numels, part))
                             k += len(grads)
                         return outs
             except Exception:  # noqa: BLE001 - job by job below, which reports it
@@ -800,12 +830,12 @@ class GradientFlowHook(BaseHook):
         for step, names, numels, grads, _v, _h in jobs:
             try:
                 with state.internal():
-                    outs.append(self._cpu_rows(torch, step, names, numels, grads))
+                    outs.append(self._cpu_cols(torch, step, names, numels, grads))
             except Exception as e:  # noqa: BLE001 - the program goes on
                 from . import dispatch
 
                 dispatch._failed(self, "after_step", e)
-                outs.append([])
+                outs.append(_cols(self.name, step, [], [], [], [], None))
         return outs
 
     def _verify(self) -> None:
@@ -844,7 +874,7 @@ class GradientFlowHook(BaseHook):
                 out = self._ready.popleft()
             except IndexError:
                 return
-            record("gradient_flow", out)
+            record_columns("gradient_flow", out, len(out["param"]))
 
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
         done, self._captured = self._captured, None
@@ -868,7 +898,8 @@ class GradientFlowHook(BaseHook):
                 ev.synchronize()
             self._inflight.pop(0)
             fl, it = hosts[0].tolist(), hosts[1].tolist()
-            record("gradient_flow", _rows(self.name, step, names, numels, fl, it, None))
+            record_columns("gradient_flow", _cols(self.name, step, names, numels, fl, it, None),
+                           len(names))  # fmt: skip
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self._drain(wait=True)
