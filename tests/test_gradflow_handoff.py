@@ -80,7 +80,7 @@ def loop(hook: Any, steps: int = 6, set_to_none: bool = True,
 
 
 def test_default_zero_grad_hands_the_grads_over_by_reference() -> None:
-    h = builtin.GradientFlowHook()
+    h = builtin.GradientFlowHook(async_cpu=True)
     model, seen = loop(h)
     assert h._mode == "ref" and h.dropped_steps == 0
     got = rows()
@@ -94,7 +94,7 @@ def test_default_zero_grad_hands_the_grads_over_by_reference() -> None:
 def test_set_to_none_false_falls_back_to_copies_without_losing_a_row() -> None:
     """The same grad tensors every step (zeroed and accumulated in place): found at the
     second hand-off (the first was a copy), copies from then on, said once."""
-    h = builtin.GradientFlowHook()
+    h = builtin.GradientFlowHook(async_cpu=True)
     h.poll = 10.0  # the thread reads late: a reference would have been overwritten
     model, seen = loop(h, set_to_none=False)
     assert h._mode == "copy" and h.dropped_steps == 0
@@ -114,7 +114,7 @@ def test_grads_changed_in_place_after_the_step_drop_that_step_only() -> None:
             for p in model.parameters():
                 p.grad.mul_(3.0)
 
-    h = builtin.GradientFlowHook()
+    h = builtin.GradientFlowHook(async_cpu=True)
     _, seen = loop(h, after=scale)
     # step 0: the probe copy; step 1: by reference, overwritten; steps 2..5: copies
     assert h.dropped_steps == 1 and h._mode == "copy"
@@ -127,7 +127,8 @@ def test_grads_changed_in_place_after_the_step_drop_that_step_only() -> None:
 def test_a_thread_that_falls_behind_leaves_the_step_to_the_training_thread() -> None:
     """References held are bounded by max_snapshot_bytes: past it the statistics are
     computed at once on the training thread (no row lost)."""
-    h = builtin.GradientFlowHook(max_snapshot_bytes=2000)  # one set of grads: 4 * 59 floats
+    # one set of grads: 4 * 59 floats
+    h = builtin.GradientFlowHook(async_cpu=True, max_snapshot_bytes=2000)
     h.poll = 10.0
     _, seen = loop(h)
     got = rows()
@@ -144,7 +145,7 @@ def test_reused_finds_shared_storage() -> None:
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_hook_on_never_changes_results(set_to_none: bool) -> None:
-    on = loop(builtin.GradientFlowHook(), set_to_none=set_to_none)[0]
+    on = loop(builtin.GradientFlowHook(async_cpu=True), set_to_none=set_to_none)[0]
     dispatch._reset()
     off = loop(None, set_to_none=set_to_none)[0]
     for (n, a), (_, b) in zip(on.state_dict().items(), off.state_dict().items()):
@@ -163,7 +164,7 @@ keep = os.environ.get("SET_TO_NONE") == "1"
 if on:
     from pprobe import hooks
     from pprobe.hooks import builtin
-    hooks.add(builtin.GradientFlowHook())
+    hooks.add(builtin.GradientFlowHook(async_cpu=True))
     hooks.register_service("optimizer", opt)
     hooks.claim("script")
     hooks.emit("before_training", source="script", model=model)
@@ -206,7 +207,7 @@ def test_end_to_end_rows_equal_numpy_and_bit_identical(tmp_path: Path, set_to_no
 
 
 def test_handoff_copy_always_copies_and_bad_value_is_refused() -> None:
-    h = builtin.GradientFlowHook(handoff="copy")
+    h = builtin.GradientFlowHook(async_cpu=True, handoff="copy")
     _, seen = loop(h)
     assert h._mode == "copy" and h._held == 0 and _report.warnings == []
     got = rows()
@@ -214,3 +215,21 @@ def test_handoff_copy_always_copies_and_bad_value_is_refused() -> None:
     check_rows(got, seen)
     with pytest.raises(ValueError, match="handoff must be 'auto' or 'copy'"):
         builtin.GradientFlowHook(handoff="never")
+
+
+@pytest.mark.parametrize("min_bytes", [4 << 20, 1])
+def test_auto_uses_the_thread_only_for_grads_past_async_min_bytes(min_bytes: int) -> None:
+    """async_cpu="auto" (the default): small grads are read on the training thread, with no
+    statistics thread; grads of at least async_min_bytes go to the thread (more than one
+    core). The rows are the same either way."""
+    h = builtin.GradientFlowHook(async_min_bytes=min_bytes)
+    assert h.async_cpu == "auto"
+    _, seen = loop(h)
+    threaded = min_bytes == 1 and builtin._cores() > 1
+    assert (h._mode != "probe") is threaded  # the first hand-off decides the mode
+    got = rows()
+    assert sorted({r["step"] for r in got}) == list(range(6))
+    check_rows(got, seen)
+    for bad in ("yes", 2, None):
+        with pytest.raises(ValueError, match="async_cpu must be 'auto', true or false"):
+            builtin.GradientFlowHook(async_cpu=bad)

@@ -474,9 +474,10 @@ def native_grad_columns(torch: Any, grads: list[Any]) -> tuple[list[Any], ...] |
         codes.update({torch.float16: 9, torch.bfloat16: 10, torch.float32: 11, torch.float64: 12})
     with _plain(torch, grads):  # the attribute reads, which a torch function mode would see
         try:
-            return mod.grad_columns(grads, torch.Tensor, torch.strided, codes)  # type: ignore[no-any-return]
+            got = mod.grad_columns(grads, torch.Tensor, torch.strided, codes)
         except (TypeError, ValueError, OverflowError, RuntimeError):
             return None  # symbolic sizes, no storage: the torch path
+    return got  # type: ignore[no-any-return]
 
 
 def _cols(hook: str, step: int, names: list[str], numels: list[int], fl: list[float],
@@ -550,8 +551,12 @@ class GradientFlowHook(BaseHook):
     copied to pinned host memory without waiting (``non_blocking``); the rows are written
     when that copy's CUDA event has completed (checked at the next ``after_step``, waited for
     at ``after_training`` / ``cleanup``). Nothing synchronises the program's stream per step.
-    On the CPU (``async_cpu``, the default) the training thread only hands the grads to the
-    ``pprobe-gradflow`` thread, which wakes every 0.05 s, computes and writes them: by
+    On the CPU the statistics are computed on the training thread (one native call for every
+    grad) unless ``async_cpu`` says otherwise: ``"auto"`` (the default) hands a step's grads to
+    a thread when they hold at least ``async_min_bytes`` (default 4 MiB: reading them then
+    takes longer than the hand-off costs) and the process may use more than one core;
+    ``True`` always, ``False`` never. With the thread, the training thread only hands the
+    grads to the ``pprobe-gradflow`` thread, which wakes every 0.05 s, computes and writes them: by
     reference (the grad tensors themselves and their ``_version`` counters) when the loop
     drops its grads each step (``zero_grad()``'s default ``set_to_none=True``), else as a copy
     into a snapshot buffer (one fused ``torch._foreach_copy_``). A reference's rows are kept
@@ -564,13 +569,18 @@ class GradientFlowHook(BaseHook):
     """
 
     def __init__(self, name: str | None = None, frequency: int = 1, optimizer: Any = None,
-                 async_cpu: bool = True, max_snapshot_bytes: int = 64 << 20,
-                 handoff: str = "auto", **params: Any) -> None:  # fmt: skip
+                 async_cpu: bool | str = "auto", async_min_bytes: int = 4 << 20,
+                 max_snapshot_bytes: int = 64 << 20, handoff: str = "auto",
+                 **params: Any) -> None:  # fmt: skip
         super().__init__(name, frequency, **params)
         if handoff not in ("auto", "copy"):
             raise ValueError(f"GradientFlowHook handoff must be 'auto' or 'copy', not {handoff!r}")
+        if async_cpu not in (True, False, "auto"):
+            raise ValueError("GradientFlowHook async_cpu must be 'auto', true or false, "
+                             f"not {async_cpu!r}")  # fmt: skip
         self.optimizer = optimizer
-        self.async_cpu = bool(async_cpu)
+        self.async_cpu: bool | str = async_cpu if async_cpu == "auto" else bool(async_cpu)
+        self.async_min_bytes = int(async_min_bytes)
         self.max_snapshot_bytes = int(max_snapshot_bytes)
         self._lock = threading.Lock()
         self.poll = 0.05
@@ -673,7 +683,7 @@ class GradientFlowHook(BaseHook):
                 grads = [grads_all[i] for i in idx]
                 if dev.type == "cpu":
                     if not (
-                        self.async_cpu
+                        self._threaded(nbytes)
                         and self._handoff(torch, step, names, numels, grads, key, nbytes)
                     ):
                         record_columns("gradient_flow",
@@ -692,6 +702,13 @@ class GradientFlowHook(BaseHook):
                 if ev is not None:
                     ev.record()
                 self._inflight.append((step, names, numels, hosts, ev))
+
+    def _threaded(self, nbytes: int) -> bool:
+        """Whether CPU grads of ``nbytes`` go to the statistics thread (``async_cpu``)."""
+        a = self.async_cpu
+        if a == "auto":
+            return nbytes >= self.async_min_bytes and _cores() > 1
+        return bool(a)
 
     def _cpu_cols(self, torch: Any, step: int, names: list[str], numels: list[int],
                   grads: list[Any]) -> dict[str, list[Any]]:  # fmt: skip
@@ -916,6 +933,20 @@ class GradientFlowHook(BaseHook):
         if self._handle is not None:
             self._handle.remove()
             self._handle = self._hooked = None
+
+
+_n_cores = 0
+
+
+def _cores() -> int:
+    """The cores this process may run on (made once)."""
+    global _n_cores
+    if not _n_cores:
+        try:
+            _n_cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _n_cores = os.cpu_count() or 1
+    return _n_cores
 
 
 # ---------------------------------------------------------------------- FeatureMapHook
