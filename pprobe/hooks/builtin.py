@@ -455,7 +455,8 @@ def grad_stats(torch: Any, grads: list[Any], counts: bool) -> tuple[Any, Any]:
 _grad_codes: dict[Any, int] = {}
 
 
-def native_grad_columns(torch: Any, grads: list[Any]) -> tuple[list[Any], ...] | None:
+def native_grad_columns(torch: Any, grads: list[Any],
+                        plain: bool = False) -> tuple[list[Any], ...] | None:  # fmt: skip
     """The python.gradient_flow columns norm, max_abs, mean, zero_frac, nan_count and
     inf_count (a list each, an item per grad) of contiguous floating CPU grads, from the
     native code: one call for every grad that reads their attributes, then, without the GIL,
@@ -463,7 +464,9 @@ def native_grad_columns(torch: Any, grads: list[Any]) -> tuple[list[Any], ...] |
     torch op; the training thread does not hand it over dozens of times a step). None when
     it does not apply (``PPROBE_CORE=python``, no native code, another dtype, device or
     layout, a subclass or a view that is not plain memory): the torch path gives the same
-    numbers (:func:`grad_stats`, :func:`_cols`)."""
+    numbers (:func:`grad_stats`, :func:`_cols`). ``plain``: the caller has entered
+    :func:`_plain` for these grads (the attribute reads, which a torch function mode would
+    see), else it is entered here."""
     from .. import core
 
     mod = core.dumpio()
@@ -472,7 +475,8 @@ def native_grad_columns(torch: Any, grads: list[Any]) -> tuple[list[Any], ...] |
     codes = _grad_codes
     if not codes:
         codes.update({torch.float16: 9, torch.bfloat16: 10, torch.float32: 11, torch.float64: 12})
-    with _plain(torch, grads):  # the attribute reads, which a torch function mode would see
+    ctx = contextlib.nullcontext() if plain else _plain(torch, grads)
+    with ctx:
         try:
             got = mod.grad_columns(grads, torch.Tensor, torch.strided, codes)
         except (TypeError, ValueError, OverflowError, RuntimeError):
@@ -662,7 +666,10 @@ class GradientFlowHook(BaseHook):
         # goes through the mode (pprobe's interceptor: several us each): all of them inside.
         # So does torch.no_grad() (its _set_grad_enabled calls): entered inside too, and only
         # where kernels run (reading .grad and ._version needs none)
-        with _plain(torch, params):
+        ctx = _plain(torch, params)
+        # every grad is of a plain parameter (no subclass): already in DisableTorchFunction
+        plain_all = type(ctx) is not contextlib.nullcontext
+        with ctx:
             grads_all = [p.grad for p in params]
             # the layout (devices, names, sizes) is worked out once per parameter list
             sig = tuple([id(p) if g is not None else 0 for p, g in zip(params, grads_all)])
@@ -679,15 +686,17 @@ class GradientFlowHook(BaseHook):
                                    tuple((tuple(g.shape), g.dtype) for g in gs),
                                    sum(g.numel() * g.element_size() for g in gs)))  # fmt: skip
                 self._layout = (sig, groups)
+            whole = len(self._layout[1]) == 1 and len(self._layout[1][0][1]) == len(params)
             for dev, idx, names, numels, key, nbytes in self._layout[1]:
-                grads = [grads_all[i] for i in idx]
+                grads = grads_all if whole else [grads_all[i] for i in idx]
                 if dev.type == "cpu":
                     if not (
                         self._threaded(nbytes)
                         and self._handoff(torch, step, names, numels, grads, key, nbytes)
                     ):
                         record_columns("gradient_flow",
-                                       self._cpu_cols(torch, step, names, numels, grads),
+                                       self._cpu_cols(torch, step, names, numels, grads,
+                                                      plain=plain_all),
                                        len(names))  # fmt: skip
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
@@ -711,10 +720,10 @@ class GradientFlowHook(BaseHook):
         return bool(a)
 
     def _cpu_cols(self, torch: Any, step: int, names: list[str], numels: list[int],
-                  grads: list[Any]) -> dict[str, list[Any]]:  # fmt: skip
+                  grads: list[Any], plain: bool = False) -> dict[str, list[Any]]:  # fmt: skip
         """The python.gradient_flow rows (:func:`_cols`) of CPU grads, computed now (on the
-        calling thread)."""
-        got = native_grad_columns(torch, grads)
+        calling thread); ``plain``: in :func:`_plain` for them already."""
+        got = native_grad_columns(torch, grads, plain)
         if got is not None:
             return self._native_cols(step, names, numels, got)
         with _plain(torch, grads), torch.no_grad():
@@ -861,6 +870,8 @@ class GradientFlowHook(BaseHook):
         this thread has completed by the time it is here, so an unchanged counter means the
         statistics thread read the values the step used. A moved one: that step's rows are
         dropped (counted in ``dropped_steps``) and the hook copies from then on."""
+        if self._last is None and not self._unverified:
+            return  # nothing handed over by reference (the training thread computes them)
         last, self._last = self._last, None
         torch = _torch()
         if last is not None and self._mode == "ref":
