@@ -1,6 +1,7 @@
 """GradientFlowHook's cost at frequency 1 on the torch MLP (docs/hooks-builtin.md), measured
-inside each child: the default hand-off (by reference, ``handoff="auto"``) and, with
-``--only gradflow,gradflow_copy``, the copying one.
+inside each child: the default (``async_cpu="auto"``, which keeps the MLP's grads on the
+training thread) and, with ``--only gradflow,gradflow_ref,gradflow_copy``, the statistics
+thread's hand-offs by reference and by copy.
 
 python -m bench.gradflow_cost [--children 3] [--quads 6] [--block 100] [--only gradflow]
 
@@ -27,8 +28,9 @@ import os
 from .harness import Variant, median, paired_ci, run_child
 
 NAMES = {
-    "gradflow": "GradientFlow f=1, references",
-    "gradflow_copy": "GradientFlow f=1, copies",
+    "gradflow": "GradientFlow f=1, the default (async_cpu='auto': on the training thread here)",
+    "gradflow_ref": "GradientFlow f=1, the statistics thread, references (async_cpu=True)",
+    "gradflow_copy": "GradientFlow f=1, the statistics thread, copies",
     "gradflow_sync": "GradientFlow f=1, on the training thread (async_cpu=False)",
     "gradflow_nothread": "GradientFlow f=1, no statistics thread (diagnosis)",
 }

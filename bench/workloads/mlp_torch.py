@@ -78,13 +78,18 @@ if _HOOKS:
     _made = {
         "time_sys": lambda: [_bi.TimeTrackingHook(frequency=10),
                              _bi.SystemMonitorHook(frequency=10, interval=1.0)],
+        # the default (async_cpu="auto": the MLP's 400 KB of grads stay on the training thread)
         "gradflow": lambda: [_bi.GradientFlowHook(frequency=1)],
-        "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, handoff="copy")],
+        # the pprobe-gradflow thread, grads by reference
+        "gradflow_ref": lambda: [_bi.GradientFlowHook(frequency=1, async_cpu=True)],
+        "gradflow_copy": lambda: [_bi.GradientFlowHook(frequency=1, async_cpu=True,
+                                                       handoff="copy")],
         # the statistics on the training thread (one native call), no hand-off
         "gradflow_sync": lambda: [_bi.GradientFlowHook(frequency=1, async_cpu=False)],
         # diagnosis: no pprobe-gradflow thread, the hand-offs wait for the block's settle
         # (hooks_ab with ab_quads only): the statistics never run beside the training thread
-        "gradflow_nothread": lambda: [_nothread(_bi.GradientFlowHook(frequency=1))],
+        "gradflow_nothread": lambda: [_nothread(_bi.GradientFlowHook(frequency=1,
+                                                                     async_cpu=True))],
         "time": lambda: [_bi.TimeTrackingHook(frequency=10)],  # diagnosis: one of the two
         "sys": lambda: [_bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "noop": lambda: [_ph.BaseHook()],  # the hook machinery and the emits
