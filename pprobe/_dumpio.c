@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 4
+#define DUMPIO_API 5
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -1204,6 +1204,41 @@ static int c_stats(PyObject *obj, double *v4, long long *c2) {
     return 1;
 }
 
+/* The statistics of the elements at addr (shape, strides in bytes), into acc: 1 done, 0 not
+ * readable here (a null address with elements; no exception set). */
+static int acc_at(Acc *acc, int t, void *addr, Py_ssize_t nd, const Py_ssize_t *shape,
+                  const Py_ssize_t *strides) {
+    if (!addr) {
+        for (Py_ssize_t i = 0; i < nd; i++)
+            if (shape[i] == 0) return 1; /* no elements: the empty result */
+        return 0;
+    }
+    run_acc(acc, t, (const char *)addr, (int)nd, shape, strides);
+    return 1;
+}
+
+/* shape and strides (elements) from two tuples of ints into byte strides: 0 done, -1 an
+ * exception set (not ints, a negative dimension, too many dimensions) */
+static int take_dims(int t, PyObject *shp, PyObject *std, Py_ssize_t *nd, Py_ssize_t *shape,
+                     Py_ssize_t *strides) {
+    Py_ssize_t n = PyTuple_GET_SIZE(shp);
+    if (n > 64 || PyTuple_GET_SIZE(std) != n) {
+        PyErr_SetString(PyExc_ValueError, "stats_at: bad type code or dimensions");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        shape[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shp, i));
+        strides[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(std, i)) * t_size[t];
+        if (PyErr_Occurred()) return -1;
+        if (shape[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "stats_at: negative dimension");
+            return -1;
+        }
+    }
+    *nd = n;
+    return 0;
+}
+
 /* stats_at(address, type code, shape, strides in elements) -> the same tuple: the elements of
  * a tensor whose owner keeps the memory alive for the call (a CPU torch tensor, read through
  * data_ptr(), shape and stride(): no ndarray is made). */
@@ -1215,28 +1250,154 @@ static PyObject *py_stats_at(PyObject *self, PyObject *const *a, Py_ssize_t na) 
     void *addr = PyLong_AsVoidPtr(a[0]);
     long t = PyLong_AsLong(a[1]);
     if (PyErr_Occurred()) return NULL;
-    Py_ssize_t nd = PyTuple_GET_SIZE(a[2]);
-    if (t < 0 || t >= T_NTYPES || nd > 64 || PyTuple_GET_SIZE(a[3]) != nd) {
+    if (t < 0 || t >= T_NTYPES) {
         PyErr_SetString(PyExc_ValueError, "stats_at: bad type code or dimensions");
         return NULL;
     }
-    Py_ssize_t shape[64], strides[64];
-    for (Py_ssize_t i = 0; i < nd; i++) {
-        shape[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(a[2], i));
-        strides[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(a[3], i)) * t_size[t];
-        if (PyErr_Occurred()) return NULL;
-        if (shape[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "stats_at: negative dimension");
-            return NULL;
-        }
-    }
-    if (!addr) {
-        for (Py_ssize_t i = 0; i < nd; i++)
-            if (shape[i] == 0) return acc_result(&(Acc){0, 0, 0, 0, 0, 0, 0});
+    Py_ssize_t nd, shape[64], strides[64];
+    if (take_dims((int)t, a[2], a[3], &nd, shape, strides) < 0) return NULL;
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    if (!acc_at(&acc, (int)t, addr, nd, shape, strides)) {
         PyErr_SetString(PyExc_ValueError, "stats_at: null address");
         return NULL;
     }
-    return run_stats((int)t, (const char *)addr, (int)nd, shape, strides);
+    return acc_result(&acc);
+}
+
+/* ------------------------------------------------------------------ CPU torch tensors */
+/* stats_tensor(x): torch_values.native_cpu_stats's checks and reads done here through the
+ * CPython API (no torch headers), in the same order and with the same conditions: a plain
+ * tensor type, no torch function mode, a dtype of the table, on the CPU, strided, not nested,
+ * not a negative view, not functorch-wrapped; then data_ptr(), shape and stride() into the
+ * kernel. Set up once by tensor_setup() with the types, the table and the functions it calls;
+ * before that, and for anything else, the answer is "not handled" (None, or 0 through the
+ * capsule _C_TENSOR_STATS that pprobe._native calls). */
+static PyObject *tz_plain = NULL;     /* tuple of the plain tensor types */
+static PyObject *tz_codes = NULL;     /* dict: torch.dtype -> type code */
+static PyObject *tz_strided = NULL;   /* torch.strided */
+static PyObject *tz_tf_mode = NULL;   /* torch._C._is_torch_function_mode_enabled */
+static PyObject *tz_functorch = NULL; /* is_functorch_wrapped_tensor, or None */
+static PyObject *tz_dtype, *tz_is_cpu, *tz_layout, *tz_is_nested, *tz_is_neg, *tz_data_ptr,
+    *tz_shape, *tz_stride;
+
+static int tz_plain_type(PyTypeObject *tp) {
+    Py_ssize_t n = PyTuple_GET_SIZE(tz_plain);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((PyObject *)tp == PyTuple_GET_ITEM(tz_plain, i)) return 1;
+    return 0;
+}
+
+/* 1: true, 0: false, -1: an exception (the attribute or the call failed) */
+static int tz_attr_true(PyObject *x, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(x, name);
+    if (!v) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int tz_call_true(PyObject *fn, PyObject *x) {
+    PyObject *v = x ? PyObject_CallOneArg(fn, x) : PyObject_CallNoArgs(fn);
+    if (!v) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *tz_method(PyObject *x, PyObject *name) {
+    PyObject *args[1] = {x};
+    return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* 1: statted into acc; 0: not handled here (no exception set) */
+static int tensor_acc(PyObject *x, Acc *acc) {
+    if (!tz_plain || !tz_plain_type(Py_TYPE(x))) return 0;
+    int t = -1, r;
+    PyObject *dt = NULL, *layout = NULL, *ptr = NULL, *shp = NULL, *std = NULL;
+    if ((r = tz_call_true(tz_tf_mode, NULL)) != 0) goto out;
+    if (!(dt = PyObject_GetAttr(x, tz_dtype))) goto out;
+    PyObject *code = PyDict_GetItemWithError(tz_codes, dt); /* borrowed */
+    if (!code) goto out;
+    t = (int)PyLong_AsLong(code);
+    if (t < 0 || t >= T_NTYPES) goto out;
+    if ((r = tz_attr_true(x, tz_is_cpu)) != 1) goto out;
+    if (!(layout = PyObject_GetAttr(x, tz_layout)) || layout != tz_strided) goto out;
+    if ((r = tz_attr_true(x, tz_is_nested)) != 0) goto out;
+    PyObject *neg = tz_method(x, tz_is_neg);
+    if (!neg) goto out;
+    r = PyObject_IsTrue(neg);
+    Py_DECREF(neg);
+    if (r != 0) goto out;
+    if (tz_functorch != Py_None && (r = tz_call_true(tz_functorch, x)) != 0) goto out;
+    if (!(ptr = tz_method(x, tz_data_ptr)) || !(shp = PyObject_GetAttr(x, tz_shape)) ||
+        !(std = tz_method(x, tz_stride)))
+        goto out;
+    if (!PyTuple_Check(shp) || !PyTuple_Check(std)) goto out;
+    void *addr = PyLong_AsVoidPtr(ptr);
+    Py_ssize_t nd, shape[64], strides[64];
+    if (PyErr_Occurred() || take_dims(t, shp, std, &nd, shape, strides) < 0) goto out;
+    r = acc_at(acc, t, addr, nd, shape, strides);
+    Py_DECREF(dt);
+    Py_DECREF(layout);
+    Py_DECREF(ptr);
+    Py_DECREF(shp);
+    Py_DECREF(std);
+    return r;
+out:
+    PyErr_Clear(); /* whatever failed, the general path sees the same tensor */
+    Py_XDECREF(dt);
+    Py_XDECREF(layout);
+    Py_XDECREF(ptr);
+    Py_XDECREF(shp);
+    Py_XDECREF(std);
+    return 0;
+}
+
+static PyObject *py_stats_tensor(PyObject *self, PyObject *x) {
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    if (!tensor_acc(x, &acc)) Py_RETURN_NONE;
+    return acc_result(&acc);
+}
+
+/* for pprobe._native (the capsule _C_TENSOR_STATS): as c_stats */
+static int c_tensor_stats(PyObject *x, double *v4, long long *c2) {
+    Acc acc = {0, 0, 0, 0, 0, 0, 0};
+    if (!tensor_acc(x, &acc)) return 0;
+    if (acc.n == 0) {
+        v4[0] = v4[1] = v4[2] = v4[3] = Py_NAN;
+    } else {
+        v4[0] = acc.mn;
+        v4[1] = acc.mx;
+        v4[2] = acc.mean;
+        v4[3] = sqrt(acc.m2 / acc.n);
+    }
+    c2[0] = acc.nan;
+    c2[1] = acc.inf;
+    return 1;
+}
+
+/* tensor_setup(plain types, {dtype: code}, torch.strided, tf_mode_enabled, functorch|None) */
+static PyObject *py_tensor_setup(PyObject *self, PyObject *args) {
+    PyObject *plain, *codes, *strided, *tf, *ft;
+    if (!PyArg_ParseTuple(args, "O!O!OOO:tensor_setup", &PyTuple_Type, &plain, &PyDict_Type,
+                          &codes, &strided, &tf, &ft))
+        return NULL;
+    if (!PyCallable_Check(tf) || (ft != Py_None && !PyCallable_Check(ft))) {
+        PyErr_SetString(PyExc_TypeError, "tensor_setup: the checks must be callable");
+        return NULL;
+    }
+    const char *names[8] = {"dtype",    "is_cpu", "layout", "is_nested",
+                            "is_neg",   "data_ptr", "shape", "stride"};
+    PyObject **slots[8] = {&tz_dtype,    &tz_is_cpu,   &tz_layout, &tz_is_nested,
+                           &tz_is_neg,   &tz_data_ptr, &tz_shape,  &tz_stride};
+    for (int i = 0; i < 8; i++)
+        if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    Py_XSETREF(tz_codes, Py_NewRef(codes));
+    Py_XSETREF(tz_strided, Py_NewRef(strided));
+    Py_XSETREF(tz_tf_mode, Py_NewRef(tf));
+    Py_XSETREF(tz_functorch, Py_NewRef(ft));
+    Py_XSETREF(tz_plain, Py_NewRef(plain)); /* last: it turns the reads on */
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------ gradient statistics */
@@ -1485,6 +1646,10 @@ static PyMethodDef methods[] = {
     {"grad_columns", (PyCFunction)(void (*)(void))py_grad_columns, METH_FASTCALL,
      "grad_columns(grads, tensor_type, strided, codes) -> (norm, max_abs, mean, zero_frac, "
      "nan_count, inf_count) lists, or None"},
+    {"stats_tensor", py_stats_tensor, METH_O,
+     "stats_tensor(tensor) -> the same of a plain CPU tensor, or None: the general path"},
+    {"tensor_setup", py_tensor_setup, METH_VARARGS,
+     "tensor_setup(plain types, {dtype: code}, strided, tf_mode_enabled, functorch|None)"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._dumpio",
@@ -1502,6 +1667,12 @@ PyMODINIT_FUNC PyInit__dumpio(void) {
     if (!m) return NULL;
     PyObject *cap = PyCapsule_New((void *)c_stats, "pprobe._dumpio._C_STATS", NULL);
     if (!cap || PyModule_AddObject(m, "_C_STATS", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    cap = PyCapsule_New((void *)c_tensor_stats, "pprobe._dumpio._C_TENSOR_STATS", NULL);
+    if (!cap || PyModule_AddObject(m, "_C_TENSOR_STATS", cap) < 0) {
         Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;

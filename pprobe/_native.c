@@ -36,7 +36,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 4
+#define PPROBE_NATIVE_API 5
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -1044,6 +1044,7 @@ typedef int (*stats_fn)(PyObject *, double *, long long *);
 static stats_fn g_stats_c = NULL;
 static PyObject *py_stats_fallback = NULL; /* x -> (6-tuple) | None | str (the reason) */
 static PyObject *py_tensor_stats = NULL;   /* tensor -> (6-tuple) | Lazy | None | str */
+static stats_fn g_tstats_c = NULL; /* plain CPU tensors (_dumpio's _C_TENSOR_STATS), or NULL */
 static PyObject *str_out_note = NULL, *str_uninit_note = NULL;
 static int32_t s_out_kw = -3;
 static int g_cur_uninit = 0; /* the outputs being described are uninitialised memory */
@@ -1066,21 +1067,25 @@ static int64_t null_count(PyObject *v) {
 
 static int desc_stats_py(Descs *ds, DescRec *r, PyObject *x, PyObject *fn);
 
+/* 1: statted in C by f (inline in the record); 0: not handled there */
+static int desc_stats_c(DescRec *r, PyObject *x, stats_fn f) {
+    double v[4];
+    long long c[2];
+    if (!f(x, v, c)) return 0;
+    r->stats = -1; /* inline */
+    r->mn = v[0];
+    r->mx = v[1];
+    r->mean = v[2];
+    r->std = v[3];
+    r->nan = c[0];
+    r->inf = c[1];
+    return 1;
+}
+
 static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
     if (r->role == s_input && r->idx == s_out_kw) return desc_note(ds, r, str_out_note);
     if (r->role == s_output && g_cur_uninit) return desc_note(ds, r, str_uninit_note);
-    double v[4];
-    long long c[2];
-    if (g_stats_c(x, v, c)) {
-        r->stats = -1; /* inline */
-        r->mn = v[0];
-        r->mx = v[1];
-        r->mean = v[2];
-        r->std = v[3];
-        r->nan = c[0];
-        r->inf = c[1];
-        return 0;
-    }
+    if (desc_stats_c(r, x, g_stats_c)) return 0;
     return desc_stats_py(ds, r, x, py_stats_fallback);
 }
 
@@ -1145,6 +1150,8 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
                 desc_note(ds, d, str_out_note);
             } else if (d->role == s_output && g_cur_uninit) {
                 desc_note(ds, d, str_uninit_note);
+            } else if (g_tstats_c && desc_stats_c(d, x, g_tstats_c)) {
+                /* a plain CPU tensor, read in C from its memory (no Python call) */
             } else if (desc_stats_py(ds, d, x, py_tensor_stats) < 0) {
                 return -1;
             }
@@ -2173,20 +2180,28 @@ static PyObject *set_op(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* set_stats(capsule, fallback, out_note, uninit_note, out_sid[, tensor_stats]): statistics
- * here in stats mode; tensor_stats(t): a torch tensor's (the torch handler's stats)
- * (see desc_stats); set_stats(None, ...) hands them back to the Python engine. */
+/* set_stats(capsule, fallback, out_note, uninit_note, out_sid[, tensor_stats[, tensor_cap]]):
+ * statistics here in stats mode; tensor_stats(t): a torch tensor's (the torch handler's
+ * stats), after tensor_cap's C function (_dumpio's _C_TENSOR_STATS: plain CPU tensors, the
+ * same numbers as tensor_stats gives) where it takes the tensor (see desc_stats);
+ * set_stats(None, ...) hands them back to the Python engine. */
 static PyObject *set_stats(PyObject *self, PyObject *args) {
     PyObject *cap, *fallback, *out_note, *uninit_note, *tensor_stats = Py_None;
+    PyObject *tcap = Py_None;
     int out_sid;
-    if (!PyArg_ParseTuple(args, "OOUUi|O", &cap, &fallback, &out_note, &uninit_note, &out_sid,
-                          &tensor_stats))
+    if (!PyArg_ParseTuple(args, "OOUUi|OO", &cap, &fallback, &out_note, &uninit_note, &out_sid,
+                          &tensor_stats, &tcap))
         return NULL;
-    stats_fn f = NULL;
+    stats_fn f = NULL, tf = NULL;
     if (cap != Py_None) {
         f = (stats_fn)PyCapsule_GetPointer(cap, "pprobe._dumpio._C_STATS");
         if (!f) return NULL;
     }
+    if (tcap != Py_None) {
+        tf = (stats_fn)PyCapsule_GetPointer(tcap, "pprobe._dumpio._C_TENSOR_STATS");
+        if (!tf) return NULL;
+    }
+    g_tstats_c = f ? tf : NULL;
     Py_XSETREF(py_stats_fallback, Py_NewRef(fallback));
     Py_XSETREF(py_tensor_stats, Py_NewRef(tensor_stats));
     Py_XSETREF(str_out_note, Py_NewRef(out_note));

@@ -50,5 +50,6 @@ def attach(native: Any, uninit_note: str) -> bool:
     cap = getattr(mod, "_C_STATS", None) if mod is not None else None
     if cap is None or not hasattr(native, "set_stats"):
         return False
-    native.set_stats(cap, _fallback, OUT_NOTE, uninit_note, records.sid("out"), _tensor_stats)
+    tcap = getattr(mod, "_C_TENSOR_STATS", None)  # plain CPU tensors, no Python call
+    native.set_stats(cap, _fallback, OUT_NOTE, uninit_note, records.sid("out"), _tensor_stats, tcap)
     return True

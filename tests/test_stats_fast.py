@@ -140,6 +140,52 @@ def test_tensors_the_fast_path_leaves_to_the_general_one() -> None:
     close(h.stats(c), expected(np.array([5.0, 1.0])))
 
 
+class _Sub(torch.Tensor):
+    pass
+
+
+class _Seen(torch.overrides.TorchFunctionMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.calls.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native statistics")
+def test_stats_tensor_takes_and_declines_what_the_python_checks_do() -> None:
+    """pprobe/_dumpio.c's stats_tensor makes checked_cpu_stats's checks and reads in C: the
+    same answer (the same numbers, or None) for every tensor."""
+    from pprobe import _dumpio
+    from pprobe.interceptors import torch_values as tv
+
+    tv.native_cpu_stats(torch.zeros(1))  # sets stats_tensor up
+
+    def both(t: Any) -> tuple:
+        return _dumpio.stats_tensor(t), tv.checked_cpu_stats(t, _dumpio.stats_at)
+
+    x = torch.randn(5, 4, dtype=torch.float64)
+    declined = [torch._neg_view(x), torch.quantize_per_tensor(x.float(), 0.1, 2, torch.quint8),
+                torch.tensor([3 + 4j, 1j]), x.to_sparse(), torch.empty(2, device="meta"),
+                x.as_subclass(_Sub), torch.nested.nested_tensor([x, x[:2]])]  # fmt: skip
+    taken = [*_tensors(), torch.nn.Parameter(x), x[2:, 1:], torch.empty(0)]
+    for t in taken:
+        fast, checked = both(t)
+        assert fast is not None and fast == checked, (t.dtype, tuple(t.shape), fast, checked)
+    for t in declined:
+        assert both(t) == (None, None), type(t)
+    inside: list = []
+    torch.vmap(lambda r: inside.append(both(r)) or r)(x)  # functorch-wrapped rows
+    assert inside == [(None, None)]
+    mode = _Seen()
+    with mode:
+        assert _dumpio.stats_tensor(x) is None
+    assert mode.calls == []  # nothing read under a torch function mode
+    assert _dumpio.stats_tensor(object()) is None and _dumpio.stats_tensor(x.numpy()) is None
+
+
 # ----------------------------------------------------------------------- end to end
 NUMPY_PROG = """
 import pickle, sys
@@ -208,14 +254,14 @@ x[1, 1] = float("nan")
 x[3, 2] = float("inf")
 ts = [x, x.t(), x[::2, 1::2], x.to(torch.bfloat16), x.to(torch.float16).t(), x.double()[:, 2],
       torch.arange(12, dtype=torch.int32).reshape(3, 4).t(), x > 0, x[0:1].expand(4, 6),
-      torch.ones(0, 3)]
+      torch.ones(0, 3), torch._neg_view(x[2])]
 for t in ts:
     t.clone()
 w = torch.randn(6, 6, generator=g, requires_grad=True)
 y = (x.nan_to_num() @ w).relu().sum()
 y.backward()
 with open(sys.argv[1], "wb") as f:
-    pickle.dump([t.to(torch.float64).numpy() for t in ts], f)
+    pickle.dump([t.resolve_neg().to(torch.float64).numpy() for t in ts], f)
 """
 
 

@@ -246,22 +246,38 @@ _STATS_CODES = {
 }  # fmt: skip
 _tf_mode_enabled = torch._C._is_torch_function_mode_enabled
 _STRIDED = torch.strided
-_stats_at: Any = False
+_stats_tensor: Any = False
 
 
 def native_cpu_stats(x: Any) -> tuple | None:
-    """Statistics of a plain CPU tensor computed by the native code on its memory, read
-    through public attributes (``data_ptr()``, ``shape``, ``stride()``, ``dtype``): no
-    ndarray, no conversion, no copy, no torch op. None when it does not apply (the native
-    code is not loaded, a subclass or a torch function mode would see the attribute reads,
-    another device, layout or dtype, a negative view, a functorch wrapper): the caller's
-    general path then gives the same numbers."""
-    global _stats_at
-    f = _stats_at
+    """Statistics of a plain CPU tensor computed by the native code on its memory: no ndarray,
+    no conversion, no copy, no torch op. None when it does not apply (the native code is not
+    loaded, or :func:`checked_cpu_stats` declines the tensor): the caller's general path then
+    gives the same numbers. pprobe/_dumpio.c's ``stats_tensor`` makes the checks and the reads
+    of :func:`checked_cpu_stats` through the CPython API (tests/test_stats_fast.py holds the
+    two to the same answers)."""
+    global _stats_tensor
+    f = _stats_tensor
     if f is False:
         mod = core.dumpio()
-        f = _stats_at = mod.stats_at if mod is not None else None
-    if f is None or x.__class__ not in _PLAIN or _tf_mode_enabled():
+        f = None
+        if mod is not None:
+            mod.tensor_setup(tuple(_PLAIN), _STATS_CODES, _STRIDED, _tf_mode_enabled,
+                             _is_functorch_wrapped)  # fmt: skip
+            f = mod.stats_tensor
+        _stats_tensor = f
+    if f is None:
+        return None
+    return f(x)  # type: ignore[no-any-return]
+
+
+def checked_cpu_stats(x: Any, stats_at: Any) -> tuple | None:
+    """What ``stats_tensor`` does, in Python: ``x``'s statistics by ``stats_at`` (pprobe/
+    _dumpio.c's kernel) read through public attributes (``data_ptr()``, ``shape``,
+    ``stride()``, ``dtype``), or None when that does not apply (a subclass or a torch function
+    mode would see the attribute reads, another device, layout or dtype, a negative view, a
+    functorch wrapper)."""
+    if x.__class__ not in _PLAIN or _tf_mode_enabled():
         return None
     code = _STATS_CODES.get(x.dtype)
     if code is None or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or x.is_neg():
@@ -269,7 +285,7 @@ def native_cpu_stats(x: Any) -> tuple | None:
     if _is_functorch_wrapped is not None and _is_functorch_wrapped(x):
         return None
     try:
-        return f(x.data_ptr(), code, x.shape, x.stride())  # type: ignore[no-any-return]
+        return stats_at(x.data_ptr(), code, x.shape, x.stride())  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError, RuntimeError):
         return None  # symbolic sizes, no storage: the general path
 
