@@ -330,12 +330,13 @@ def test_statistics_of_200_mb_arrays_and_tensors_use_bounded_memory(tmp_path: Pa
 
 def _runs() -> list[np.ndarray]:
     """Contiguous float32/float64 arrays for the vector path (runs of up to 2048 values read
-    straight from memory, 8 lanes, a scalar tail): lengths around the lane and run sizes,
-    NaN and inf in the first run, in a later run's middle and in the tail, -0.0, extremes."""
+    straight from memory, 16 or 8 values a step, a scalar tail): lengths around the step and
+    run sizes, NaN and inf in the first run, in a later run's middle and in the tail, -0.0,
+    extremes (FLT_MAX sums: a non-finite sum tells a run holding NaN or inf)."""
     rng = np.random.default_rng(11)
     out = []
     for dt in (np.float32, np.float64):
-        for n in (1, 7, 8, 9, 2047, 2048, 2049, 4100):
+        for n in (1, 7, 8, 9, 15, 16, 17, 33, 2047, 2048, 2049, 4100):
             out.append((rng.standard_normal(n) * 1e3 + 5).astype(dt))
         a = (rng.standard_normal(4100) * 10).astype(dt)
         for at, v in ((3, np.nan), (2500, np.inf), (4099, -np.inf), (4098, np.nan)):
