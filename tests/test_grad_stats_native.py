@@ -47,6 +47,13 @@ def test_against_numpy(dtype: str) -> None:
     inf_only = torch.ones(6, dtype=dt)
     inf_only[2] = float("-inf")
     grads += [bad, inf_only]
+    # around the 16-value step of the vector kernels, a non-finite value in the tail
+    grads += [torch.randn(k, generator=g).relu().to(dt) for k in (15, 16, 17, 33)]
+    tail = torch.randn(35, generator=g).to(dt)
+    tail[34] = float("nan")
+    inf_tail = torch.randn(35, generator=g).to(dt)
+    inf_tail[33] = float("inf")
+    grads += [tail, inf_tail]
     got = builtin.native_grad_columns(torch, grads)
     assert got is not None and len(got) == 6
     assert all(len(c) == len(grads) for c in got)
