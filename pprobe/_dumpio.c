@@ -1150,25 +1150,45 @@ static void stats_row(Acc *acc, double *blk, size_t *k, int t, const char *p, Py
 }
 
 /* Statistics of an n-d strided array (strides in bytes, any sign): the innermost dimension
- * is read row by row, the others walked with an odometer; no copy of the array is made. */
+ * is read row by row, the others walked with an odometer; no copy of the array is made.
+ * The statistics do not depend on the order the elements are read in (only the sums'
+ * rounding does), so the dimensions are first put in memory order: negative strides
+ * flipped, then sorted by stride, largest first. A transposed or reversed view of dense
+ * memory (``a.T``, ``a[::-1]``) is then one contiguous run, read by the vector kernels. */
 static void stats_strided(Acc *acc, int t, const char *base, int ndim, const Py_ssize_t *shape,
                           const Py_ssize_t *strides) {
     double blk[BLOCK];
     size_t k = 0;
     Py_ssize_t idx[64];
-    int nd = 0;
-    Py_ssize_t sh[64], st[64];
-    /* drop dimensions of size 1; merge dimensions that are contiguous with each other */
+    int nd = 0, nm = 0;
+    Py_ssize_t sh[64], st[64], msh[64], mst[64];
+    /* drop dimensions of size 1; flip negative strides; sort by stride (insertion) */
     for (int i = 0; i < ndim; i++) {
         if (shape[i] == 0) return;
         if (shape[i] == 1) continue;
-        if (nd && st[nd - 1] == strides[i] * shape[i]) {
-            sh[nd - 1] *= shape[i];
-            st[nd - 1] = strides[i];
+        Py_ssize_t s_ = strides[i];
+        if (s_ < 0) {
+            base += (shape[i] - 1) * s_;
+            s_ = -s_;
+        }
+        int j = nm++;
+        while (j > 0 && mst[j - 1] < s_) {
+            mst[j] = mst[j - 1];
+            msh[j] = msh[j - 1];
+            j--;
+        }
+        mst[j] = s_;
+        msh[j] = shape[i];
+    }
+    /* merge dimensions that are contiguous with each other */
+    for (int i = 0; i < nm; i++) {
+        if (nd && st[nd - 1] == mst[i] * msh[i]) {
+            sh[nd - 1] *= msh[i];
+            st[nd - 1] = mst[i];
             continue;
         }
-        sh[nd] = shape[i];
-        st[nd] = strides[i];
+        sh[nd] = msh[i];
+        st[nd] = mst[i];
         nd++;
     }
     if (nd == 0) {

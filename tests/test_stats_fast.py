@@ -60,6 +60,13 @@ def _arrays() -> list[np.ndarray]:
         out.append(np.abs(ints).astype(dt)[:, ::2] if dt[0] == "u" else ints.astype(dt)[::2])
     out.append(base > 0)
     out.append(np.array([np.iinfo(np.int64).max, -1, 3], dtype=np.int64))
+    # dense memory in another order (read as one run), permuted and reversed, with and
+    # without a NaN; and one with a gap (not one run)
+    cube = rng.standard_normal((4, 8, 12)) * 3
+    out += [cube.astype(np.float32).transpose(2, 0, 1)[::-1, :, ::-1], cube.T[:, ::-1]]
+    nan_cube = cube.astype(np.float32)
+    nan_cube[3, 7, 11] = np.nan
+    out += [nan_cube.transpose(1, 2, 0), cube.transpose(2, 0, 1)[::2]]
     return out
 
 
