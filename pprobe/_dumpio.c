@@ -1132,6 +1132,17 @@ static void stats_row(Acc *acc, double *blk, size_t *k, int t, const char *p, Py
         return;
     }
 #endif
+    if (t == T_BOOL && step == 1 && n > 0) {
+        /* a contiguous bool run: its statistics follow from the count of true values
+         * (mean p = c / n, squared deviations c (n - c) / n, exact) */
+        const uint8_t *b = (const uint8_t *)p;
+        size_t c = 0;
+        for (Py_ssize_t i = 0; i < n; i++) c += b[i] != 0;
+        double dn = (double)n, dc = (double)c;
+        acc_merge(acc, dn, dc / dn, dc * (dn - dc) / dn, c < (size_t)n ? 0.0 : 1.0,
+                  c > 0 ? 1.0 : 0.0);
+        return;
+    }
     switch (t) {
     case T_BOOL: ROW_LOOP(uint8_t, AS_BOOL, 0) break;
     case T_I8: ROW_LOOP(int8_t, AS_DOUBLE, 0) break;

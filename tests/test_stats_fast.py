@@ -67,6 +67,9 @@ def _arrays() -> list[np.ndarray]:
     nan_cube = cube.astype(np.float32)
     nan_cube[3, 7, 11] = np.nan
     out += [nan_cube.transpose(1, 2, 0), cube.transpose(2, 0, 1)[::2]]
+    # contiguous bool runs (counted): mixed, all false, all true, transposed, and bytes
+    # other than 0 and 1 (true for NumPy)
+    out += [cube.T > 0, np.zeros(40, bool), np.ones(3, bool), np.frombuffer(b"\x00\x02\x01", bool)]
     return out
 
 
