@@ -1287,6 +1287,21 @@ static PyObject *py_stats(PyObject *self, PyObject *obj) {
     return r;
 }
 
+/* An Acc as the capsules give it: v4 min, max, mean, std (NaN where there are no finite
+ * values), c2 the NaN and inf counts */
+static void acc_out(const Acc *acc, double *v4, long long *c2) {
+    if (acc->n == 0) {
+        v4[0] = v4[1] = v4[2] = v4[3] = Py_NAN;
+    } else {
+        v4[0] = acc->mn;
+        v4[1] = acc->mx;
+        v4[2] = acc->mean;
+        v4[3] = sqrt(acc->m2 / acc->n);
+    }
+    c2[0] = acc->nan;
+    c2[1] = acc->inf;
+}
+
 /* The same for pprobe._native (through the capsule _C_STATS, no Python call): 1 done (v: min,
  * max, mean, std, NaN where there are no finite values; c: NaN and inf counts), 0 not handled
  * here (no exception set). */
@@ -1304,16 +1319,7 @@ static int c_stats(PyObject *obj, double *v4, long long *c2) {
     Acc acc = {0, 0, 0, 0, 0, 0, 0};
     run_acc(&acc, t, (const char *)v.buf, v.ndim, v.shape, v.strides);
     PyBuffer_Release(&v);
-    if (acc.n == 0) {
-        v4[0] = v4[1] = v4[2] = v4[3] = Py_NAN;
-    } else {
-        v4[0] = acc.mn;
-        v4[1] = acc.mx;
-        v4[2] = acc.mean;
-        v4[3] = sqrt(acc.m2 / acc.n);
-    }
-    c2[0] = acc.nan;
-    c2[1] = acc.inf;
+    acc_out(&acc, v4, c2);
     return 1;
 }
 
@@ -1476,16 +1482,7 @@ static PyObject *py_stats_tensor(PyObject *self, PyObject *x) {
 static int c_tensor_stats(PyObject *x, double *v4, long long *c2) {
     Acc acc = {0, 0, 0, 0, 0, 0, 0};
     if (!tensor_acc(x, &acc)) return 0;
-    if (acc.n == 0) {
-        v4[0] = v4[1] = v4[2] = v4[3] = Py_NAN;
-    } else {
-        v4[0] = acc.mn;
-        v4[1] = acc.mx;
-        v4[2] = acc.mean;
-        v4[3] = sqrt(acc.m2 / acc.n);
-    }
-    c2[0] = acc.nan;
-    c2[1] = acc.inf;
+    acc_out(&acc, v4, c2);
     return 1;
 }
 
