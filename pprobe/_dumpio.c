@@ -1397,7 +1397,21 @@ static PyObject *tz_strided = NULL;   /* torch.strided */
 static PyObject *tz_tf_mode = NULL;   /* torch._C._is_torch_function_mode_enabled */
 static PyObject *tz_functorch = NULL; /* is_functorch_wrapped_tensor, or None */
 static PyObject *tz_dtype, *tz_is_cpu, *tz_layout, *tz_is_nested, *tz_is_neg, *tz_data_ptr,
-    *tz_shape, *tz_stride;
+    *tz_shape, *tz_stride, *tz_is_contiguous, *tz_is_conj, *tz_numel;
+
+/* the attribute and method names both tensor readers look up (stats_tensor, grad_columns),
+ * interned once: 0, or -1 with an exception */
+static int tz_intern(void) {
+    static const char *names[11] = {"dtype",  "is_cpu",   "layout", "is_nested",
+                                    "is_neg", "data_ptr", "shape",  "stride",
+                                    "is_contiguous", "is_conj", "numel"};
+    PyObject **slots[11] = {&tz_dtype,  &tz_is_cpu,   &tz_layout, &tz_is_nested,
+                            &tz_is_neg, &tz_data_ptr, &tz_shape,  &tz_stride,
+                            &tz_is_contiguous, &tz_is_conj, &tz_numel};
+    for (int i = 0; i < 11; i++)
+        if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return -1;
+    return 0;
+}
 
 static int tz_plain_type(PyTypeObject *tp) {
     Py_ssize_t n = PyTuple_GET_SIZE(tz_plain);
@@ -1428,6 +1442,15 @@ static PyObject *tz_method(PyObject *x, PyObject *name) {
     return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* x.name() is true: 1, 0, or -1 (an exception) */
+static int tz_method_true(PyObject *x, PyObject *name) {
+    PyObject *v = tz_method(x, name);
+    if (!v) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
 /* 1: statted into acc; 0: not handled here (no exception set) */
 static int tensor_acc(PyObject *x, Acc *acc) {
     if (!tz_plain || !tz_plain_type(Py_TYPE(x))) return 0;
@@ -1442,11 +1465,7 @@ static int tensor_acc(PyObject *x, Acc *acc) {
     if ((r = tz_attr_true(x, tz_is_cpu)) != 1) goto out;
     if (!(layout = PyObject_GetAttr(x, tz_layout)) || layout != tz_strided) goto out;
     if ((r = tz_attr_true(x, tz_is_nested)) != 0) goto out;
-    PyObject *neg = tz_method(x, tz_is_neg);
-    if (!neg) goto out;
-    r = PyObject_IsTrue(neg);
-    Py_DECREF(neg);
-    if (r != 0) goto out;
+    if ((r = tz_method_true(x, tz_is_neg)) != 0) goto out;
     if (tz_functorch != Py_None && (r = tz_call_true(tz_functorch, x)) != 0) goto out;
     if (!(ptr = tz_method(x, tz_data_ptr)) || !(shp = PyObject_GetAttr(x, tz_shape)) ||
         !(std = tz_method(x, tz_stride)))
@@ -1496,12 +1515,7 @@ static PyObject *py_tensor_setup(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "tensor_setup: the checks must be callable");
         return NULL;
     }
-    const char *names[8] = {"dtype",    "is_cpu", "layout", "is_nested",
-                            "is_neg",   "data_ptr", "shape", "stride"};
-    PyObject **slots[8] = {&tz_dtype,    &tz_is_cpu,   &tz_layout, &tz_is_nested,
-                           &tz_is_neg,   &tz_data_ptr, &tz_shape,  &tz_stride};
-    for (int i = 0; i < 8; i++)
-        if (!*slots[i] && !(*slots[i] = PyUnicode_InternFromString(names[i]))) return NULL;
+    if (tz_intern() < 0) return NULL;
     Py_XSETREF(tz_codes, Py_NewRef(codes));
     Py_XSETREF(tz_strided, Py_NewRef(strided));
     Py_XSETREF(tz_tf_mode, Py_NewRef(tf));
@@ -1704,58 +1718,30 @@ static void grad_one(GJob *j) {
  * (``type(g) is tensor_type``, ``g.is_cpu``, ``g.layout is strided``, ``codes[g.dtype]`` a
  * floating code, ``g.is_contiguous()``, not ``g.is_neg()`` / ``g.is_conj()``): the caller's
  * general path then gives the same numbers. max_abs is Python's max(-min, max) (NaN: max). */
-static PyObject *s_is_cpu, *s_layout, *s_dtype, *s_is_contiguous, *s_is_neg, *s_is_conj,
-    *s_data_ptr, *s_numel;
-
-static int grad_names(void) {
-    if (s_numel) return 0;
-#define INTERN(v, s) \
-    if (!(v = PyUnicode_InternFromString(s))) return -1;
-    INTERN(s_is_cpu, "is_cpu");
-    INTERN(s_layout, "layout");
-    INTERN(s_dtype, "dtype");
-    INTERN(s_is_contiguous, "is_contiguous");
-    INTERN(s_is_neg, "is_neg");
-    INTERN(s_is_conj, "is_conj");
-    INTERN(s_data_ptr, "data_ptr");
-    INTERN(s_numel, "numel");
-#undef INTERN
-    return 0;
-}
-
-/* 1: obj.name (called when call) is True; 0: False; -1: error */
-static int attr_true(PyObject *obj, PyObject *name, int call) {
-    PyObject *v = call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
-    if (!v) return -1;
-    int r = v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
-
 /* the job of one grad: 1 done, 0 not such a tensor, -1 error */
 static int grad_job(PyObject *g, PyObject *tensor_type, PyObject *strided, PyObject *codes,
                     GJob *j) {
     if ((PyObject *)Py_TYPE(g) != tensor_type) return 0;
-    int r = attr_true(g, s_is_cpu, 0);
+    int r = tz_attr_true(g, tz_is_cpu);
     if (r != 1) return r;
-    PyObject *v = PyObject_GetAttr(g, s_layout);
+    PyObject *v = PyObject_GetAttr(g, tz_layout);
     if (!v) return -1;
     Py_DECREF(v); /* identity only: strided is kept alive by the caller */
     if (v != strided) return 0;
-    if (!(v = PyObject_GetAttr(g, s_dtype))) return -1;
+    if (!(v = PyObject_GetAttr(g, tz_dtype))) return -1;
     PyObject *code = PyDict_GetItemWithError(codes, v);
     Py_DECREF(v);
     if (!code) return PyErr_Occurred() ? -1 : 0;
     long t = PyLong_AsLong(code);
     if (t == -1 && PyErr_Occurred()) return -1;
     if (t != T_F16 && t != T_BF16 && t != T_F32 && t != T_F64) return 0;
-    if ((r = attr_true(g, s_is_contiguous, 1)) != 1) return r;
-    if ((r = attr_true(g, s_is_neg, 1)) != 0) return r == 1 ? 0 : -1;
-    if ((r = attr_true(g, s_is_conj, 1)) != 0) return r == 1 ? 0 : -1;
-    if (!(v = PyObject_CallMethodNoArgs(g, s_data_ptr))) return -1;
+    if ((r = tz_method_true(g, tz_is_contiguous)) != 1) return r;
+    if ((r = tz_method_true(g, tz_is_neg)) != 0) return r == 1 ? 0 : -1;
+    if ((r = tz_method_true(g, tz_is_conj)) != 0) return r == 1 ? 0 : -1;
+    if (!(v = tz_method(g, tz_data_ptr))) return -1;
     j->p = (const char *)PyLong_AsVoidPtr(v);
     Py_DECREF(v);
-    if (!(v = PyObject_CallMethodNoArgs(g, s_numel))) return -1;
+    if (!(v = tz_method(g, tz_numel))) return -1;
     j->n = PyLong_AsSsize_t(v);
     Py_DECREF(v);
     if (PyErr_Occurred()) return -1;
@@ -1769,7 +1755,7 @@ static PyObject *py_grad_columns(PyObject *self, PyObject *const *a, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "grad_columns(grads, tensor_type, strided, codes)");
         return NULL;
     }
-    if (grad_names() < 0) return NULL;
+    if (tz_intern() < 0) return NULL;
     PyObject *fast = PySequence_Fast(a[0], "grad_columns: a list of tensors");
     if (!fast) return NULL;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(fast);
