@@ -1557,8 +1557,8 @@ typedef struct {
 /* grad_f32 for AVX2 CPUs, with intrinsics (see f32_run_avx2): 16 floats a step, four double
  * accumulators per sum, min and max with vminps / vmaxps (a NaN lane keeps the running
  * value: NaN never wins, as in GRAD_LOOP), non-zeros counted by lane masks (unordered: a NaN
- * is not zero). The scalar tail is grad_f32's. Sums may differ from grad_f32's in the last
- * bits (another order of additions). */
+ * is not zero). grad_f32's scalar tail takes the rest. Sums may differ from the portable
+ * loop's in the last bits (another order of additions). */
 __attribute__((target("avx2"))) static Py_ssize_t grad_f32_avx2(const float *x, Py_ssize_t n16,
                                                                   double *s_, double *ss_,
                                                                   float *lo_, float *hi_,
@@ -1617,28 +1617,17 @@ __attribute__((target("avx2"))) static Py_ssize_t grad_f32_avx2(const float *x, 
  * (NaN never wins a comparison, as in GRAD_LOOP), non-zeros counted by lane masks */
 CLONES static void grad_f32(const float *x, Py_ssize_t n, double *s_, double *ss_, double *lo_,
                             double *hi_, long long *nz_) {
-#ifdef F32_AVX2
-    if (g_avx2 && n >= 16) {
-        double s, ss;
-        float lo, hi;
-        long long nz;
-        Py_ssize_t i = grad_f32_avx2(x, n & ~(Py_ssize_t)15, &s, &ss, &lo, &hi, &nz);
-        double dlo = lo, dhi = hi;
-        for (; i < n; i++) {
-            double v = x[i];
-            s += v;
-            ss += v * v;
-            dlo = v < dlo ? v : dlo;
-            dhi = v > dhi ? v : dhi;
-            nz += v != 0;
-        }
-        *s_ = s, *ss_ = ss, *lo_ = dlo, *hi_ = dhi, *nz_ = nz;
-        return;
-    }
-#endif
     Py_ssize_t i = 0, n8 = n & ~(Py_ssize_t)7;
     double s = 0, ss = 0, lo = INFINITY, hi = -INFINITY;
     long long nz = 0;
+#ifdef F32_AVX2
+    if (g_avx2 && n >= 16) {
+        float flo, fhi;
+        i = grad_f32_avx2(x, n & ~(Py_ssize_t)15, &s, &ss, &flo, &fhi, &nz);
+        lo = flo, hi = fhi;
+        n8 = 0; /* the scalar tail below takes the rest */
+    }
+#endif
     if (n8) {
         v4d s0 = {0}, s1 = {0}, q0 = {0}, q1 = {0};
         v8f vmn = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY,
