@@ -408,13 +408,13 @@ def test_rows_given_by_column_are_written_as_the_same_rows(tmp_path: Path) -> No
             cols = {"hook": ["h"] * 2, "step": [k, k], "param": ["w", "b"],
                     "numel": [6, 0], "norm": [1.5 * k, float("nan")],
                     "nan_count": [0, k]}
-            builtin.record_columns("by_cols", cols, 2)
+            builtin.record_columns("by_cols", cols)
             builtin.record("by_rows", builtin.rows_of(cols))
             if k == 1:
                 tables.flush()
         seen = []
         tables.taps.append(lambda t, rows: seen.append((t, len(rows), rows[0]["param"])))
-        builtin.record_columns("by_cols", {"hook": ["x"], "param": ["p"]}, 1)
+        builtin.record_columns("by_cols", {"hook": ["x"], "param": ["p"]})
         print(seen)
         """,
         env={"PPROBE_MODE": "log"},

@@ -185,7 +185,7 @@ def test_gradient_flow_hand_offs_waiting_together_give_each_steps_rows(
 
     written: list[dict[str, Any]] = []
     monkeypatch.setattr(bi, "record_columns",
-                        lambda table, cols, n: written.extend(bi.rows_of(cols)))  # fmt: skip
+                        lambda table, cols: written.extend(bi.rows_of(cols)))  # fmt: skip
     h = bi.GradientFlowHook(name="gf", frequency=1)
     h._mode = "ref"
     h._worker = object()  # type: ignore[assignment]  # no thread: the jobs wait for us

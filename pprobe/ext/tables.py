@@ -77,8 +77,8 @@ static: dict[str, tuple[Any, str | None]] = {}
 #: table -> rows not yet written (dicts, their standard columns filled)
 pending: dict[str, list[dict[str, Any]]] = {}
 #: table -> rows not yet written given column by column (the built-in hooks' own, when no
-#: tap wants rows): [(standard columns, {name: values}, row count)]
-pending_cols: dict[str, list[tuple[dict[str, Any], dict[str, list[Any]], int]]] = {}
+#: tap wants rows): [(standard columns, {name: values})]
+pending_cols: dict[str, list[tuple[dict[str, Any], dict[str, list[Any]]]]] = {}
 #: table -> rows already written by this process, kept only when no run records them
 memory: dict[str, list[dict[str, Any]]] = {}
 #: Functions called with (table, rows) for every batch of rows added (the exporters' tap:
@@ -215,66 +215,66 @@ def _add_rows(table: str, out: list[dict[str, Any]]) -> None:
         tap(table, out)
 
 
-def _add_columns(table: str, cols: dict[str, list[Any]], n: int) -> None:
-    """``n`` rows given column by column: the built-in hooks' own (str names, plain values,
-    under a valid table name: no check is made; a standard column given wins, as in a row).
-    Written column by column at the flush, with no dict per row; rows when a tap wants
-    them."""
-    std = _std()
+def _add_columns(table: str, cols: dict[str, list[Any]]) -> None:
+    """Rows given column by column (lists of one length): the built-in hooks' own (str names,
+    plain values, under a valid table name: no check is made; a standard column given wins,
+    as in a row). Written column by column at the flush, with no dict per row; rows when a
+    tap wants them."""
+    chunk = (_std(), cols)
     if taps:
-        names = list(cols)
-        _add_rows(table, [{**std, **dict(zip(names, vals))} for vals in zip(*cols.values())])
+        _add_rows(table, _chunk_rows(chunk))
         return
     with _lock:
-        pending_cols.setdefault(table, []).append((std, cols, n))
+        pending_cols.setdefault(table, []).append(chunk)
 
 
-def _cols_to_rows() -> None:
-    """The column chunks of ``pending_cols`` as rows of ``pending`` (memory, live queries)."""
-    with _lock:
-        if not pending_cols:
-            return
-        chunks = dict(pending_cols)
-        pending_cols.clear()
-        for table, parts in chunks.items():
-            dest = pending.setdefault(table, [])
-            for std, cols, _n in parts:
-                names = list(cols)
-                dest.extend({**std, **dict(zip(names, vals))} for vals in zip(*cols.values()))
+def _chunk_rows(chunk: tuple[dict[str, Any], dict[str, list[Any]]]) -> list[dict[str, Any]]:
+    """A column chunk's rows, with their standard columns (the chunk's own win)."""
+    std, cols = chunk
+    names = list(cols)
+    return [{**std, **dict(zip(names, vals))} for vals in zip(*cols.values())]
 
 
-def _take_cols() -> dict[str, list[tuple[dict[str, Any], dict[str, list[Any]], int]]]:
+def _take_cols() -> dict[str, list[tuple[dict[str, Any], dict[str, list[Any]]]]]:
     with _lock:
         chunks = dict(pending_cols)
         pending_cols.clear()
     return chunks
 
 
-def _table_of_cols(parts: list[tuple[dict[str, Any], dict[str, list[Any]], int]]) -> Any:
+def _cols_to_rows() -> None:
+    """The column chunks of ``pending_cols`` as rows of ``pending`` (memory, live queries)."""
+    chunks = _take_cols()
+    with _lock:
+        for table, parts in chunks.items():
+            dest = pending.setdefault(table, [])
+            for chunk in parts:
+                dest.extend(_chunk_rows(chunk))
+
+
+def _table_of_cols(parts: list[tuple[dict[str, Any], dict[str, list[Any]]]]) -> Any:
     """One Arrow table from a table's column chunks (the standard columns first, as
     :func:`build_table` orders a row's); chunks whose names differ go through rows."""
     import numpy as np
     import pyarrow as pa
 
     names = list(parts[0][1])
-    if any(list(c) != names for _s, c, _n in parts):
-        rows = [{**std, **dict(zip(list(c), vals))} for std, c, _n in parts
-                for vals in zip(*c.values())]  # fmt: skip
-        return build_table(rows, list(STD_COLUMNS))
-    total = sum(n for _s, _c, n in parts)
+    if any(list(c) != names for _s, c in parts):
+        return build_table([r for chunk in parts for r in _chunk_rows(chunk)], list(STD_COLUMNS))
+    sizes = [len(c[names[0]]) if names else 0 for _s, c in parts]
     columns: list[list[Any]] = []
     for k in STD_COLUMNS:  # a column given by name wins over the standard one
         col: list[Any] = []
-        for std, c, n in parts:
+        for (std, c), n in zip(parts, sizes):
             col += c[k] if k in c else [std[k]] * n
         columns.append(col)
     own = [k for k in names if k not in _STD_TYPES]
     for k in own:
         col = []
-        for _s, c, _n in parts:
+        for _s, c in parts:
             col += c[k]
         columns.append(col)
-    return _from_columns(pa, np, [*STD_COLUMNS, *own], columns, total)
+    return _from_columns(pa, np, [*STD_COLUMNS, *own], columns, sum(sizes))
 
 
 def _is_pandas(x: Any) -> bool:

@@ -29,30 +29,32 @@ from .base import BaseHook, HookRegistry
 _tables: Any = None  # pprobe.ext.tables once imported (no importlib call per row)
 
 
+def _ext_tables() -> Any:
+    global _tables
+    if _tables is None:
+        from ..ext import tables
+
+        _tables = tables
+    return _tables
+
+
 def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     """Rows into python.<table> (the extension API; exporters see them through its tap).
     The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
     table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
-    global _tables
-    if _tables is None:
-        from ..ext import tables
-
-        _tables = tables
-    _tables._add(table, [rows] if type(rows) is dict else rows)
-    _tables._activate()
+    t = _ext_tables()
+    t._add(table, [rows] if type(rows) is dict else rows)
+    t._activate()
 
 
-def record_columns(table: str, cols: dict[str, list[Any]], n: int) -> None:
-    """``n`` rows into python.<table> given column by column (as :func:`record`'s rows: the
-    built-in hooks' own): no dict per row on the caller's thread, none at the flush."""
-    global _tables
-    if _tables is None:
-        from ..ext import tables
-
-        _tables = tables
-    if n:
-        _tables._add_columns(table, cols, n)
-        _tables._activate()
+def record_columns(table: str, cols: dict[str, list[Any]]) -> None:
+    """Rows into python.<table> given column by column (lists of one length; as
+    :func:`record`'s rows: the built-in hooks' own): no dict per row on the caller's thread,
+    none at the flush. No rows (empty lists): nothing."""
+    if any(cols.values()):
+        t = _ext_tables()
+        t._add_columns(table, cols)
+        t._activate()
 
 
 def run_dir(hook: BaseHook) -> str | None:
@@ -696,8 +698,7 @@ class GradientFlowHook(BaseHook):
                     ):
                         record_columns("gradient_flow",
                                        self._cpu_cols(torch, step, names, numels, grads,
-                                                      plain=plain_all),
-                                       len(names))  # fmt: skip
+                                                      plain=plain_all))  # fmt: skip
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
                 hosts = []
@@ -829,7 +830,7 @@ class GradientFlowHook(BaseHook):
                 outs = self._many_cols(torch, jobs)
                 for (_s, _n, _c, grads, versions, hold), out in zip(jobs, outs):
                     if versions is None:
-                        record_columns("gradient_flow", out, len(out["param"]))
+                        record_columns("gradient_flow", out)
                         with self._lock:
                             self._free.append(hold)
                     else:
@@ -902,7 +903,7 @@ class GradientFlowHook(BaseHook):
                 out = self._ready.popleft()
             except IndexError:
                 return
-            record_columns("gradient_flow", out, len(out["param"]))
+            record_columns("gradient_flow", out)
 
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
         done, self._captured = self._captured, None
@@ -926,8 +927,7 @@ class GradientFlowHook(BaseHook):
                 ev.synchronize()
             self._inflight.pop(0)
             fl, it = hosts[0].tolist(), hosts[1].tolist()
-            record_columns("gradient_flow", _cols(self.name, step, names, numels, fl, it, None),
-                           len(names))  # fmt: skip
+            record_columns("gradient_flow", _cols(self.name, step, names, numels, fl, it, None))
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self._drain(wait=True)
