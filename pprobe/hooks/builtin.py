@@ -453,8 +453,7 @@ def grad_stats(torch: Any, grads: list[Any], counts: bool) -> tuple[Any, Any]:
     return torch.stack(norms + mins + maxs + sums), torch.stack(ints)
 
 
-#: torch dtype -> pprobe/_dumpio.c's element type code, for its grad_columns (made once)
-_grad_codes: dict[Any, int] = {}
+_codes: dict[Any, int] | None = None
 
 
 def native_grad_columns(torch: Any, grads: list[Any],
@@ -474,9 +473,12 @@ def native_grad_columns(torch: Any, grads: list[Any],
     mod = core.dumpio()
     if mod is None or not grads:
         return None
-    codes = _grad_codes
-    if not codes:
-        codes.update({torch.float16: 9, torch.bfloat16: 10, torch.float32: 11, torch.float64: 12})
+    global _codes
+    codes = _codes
+    if codes is None:  # torch dtype -> pprobe/_dumpio.c's type code (the torch handler's)
+        from ..interceptors.torch_values import _STATS_CODES
+
+        codes = _codes = _STATS_CODES
     ctx = contextlib.nullcontext() if plain else _plain(torch, grads)
     with ctx:
         try:
