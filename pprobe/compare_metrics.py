@@ -7,11 +7,12 @@ Pure functions on NumPy arrays and numbers; nothing here reads a run's log.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from . import state
 
 #: Elements per chunk: the float64 scratch buffers (3 x 512 KiB) stay in the CPU's cache.
 CHUNK = 1 << 16
@@ -309,5 +310,4 @@ def compare_stats(
 
 def workers() -> int:
     """Threads for comparing dumps: NumPy releases the GIL in each chunk's passes."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, n or 1))
+    return max(1, min(8, state.cores()))

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
+from . import state
 from .run import resolve_run_dir
 
 if TYPE_CHECKING:
@@ -811,8 +812,7 @@ def table_sources(
                     pass  # read into memory
             plans.append((view, path, plan))
     jobs = [j for _, _, plan in plans if plan is not None for j in plan.jobs]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    workers = min(len(jobs), cores or 1)
+    workers = min(len(jobs), state.cores())
     if workers > 1:
         with ThreadPoolExecutor(workers, thread_name_prefix="pprobe-cache") as pool:
             made = dict(zip(map(id, jobs), pool.map(_run_job, jobs)))

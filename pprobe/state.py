@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -66,6 +67,14 @@ def note_thread() -> int:
     """The current thread's serial number, its name noted (the native core calls it on a
     thread's first row, so rows of a thread that ended before the flush keep their name)."""
     return local.serial  # type: ignore[no-any-return]
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class internal:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import run_script, sql
 
-from pprobe import _report
+from pprobe import _report, state
 from pprobe import hooks as ph
 from pprobe.ext import tables
 from pprobe.hooks import builtin, dispatch
@@ -225,7 +225,7 @@ def test_auto_uses_the_thread_only_for_grads_past_async_min_bytes(min_bytes: int
     h = builtin.GradientFlowHook(async_min_bytes=min_bytes)
     assert h.async_cpu == "auto"
     _, seen = loop(h)
-    threaded = min_bytes == 1 and builtin._cores() > 1
+    threaded = min_bytes == 1 and state.cores() > 1
     assert (h._mode != "probe") is threaded  # the first hand-off decides the mode
     got = rows()
     assert sorted({r["step"] for r in got}) == list(range(6))

@@ -97,8 +97,7 @@ def _run(query: str, lock: bool, active: Any = None) -> Result:
                 dirs = [run_dir] + (q.cache_dirs(run_dir) if run_dir is not None else [])
                 listed = ", ".join(q._quote(os.path.join(d, "")) for d in dirs if d)
                 # a core left to the program: the query competes with it for none but the rest
-                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-                con.execute(f"SET threads = {max(1, cores - 1)}")
+                con.execute(f"SET threads = {max(1, state.cores() - 1)}")
                 con.execute(f"SET allowed_directories = [{listed}]")
                 con.execute("SET enable_external_access = false")
                 con.execute("SET lock_configuration = true")

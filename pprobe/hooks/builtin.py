@@ -719,7 +719,7 @@ class GradientFlowHook(BaseHook):
         """Whether CPU grads of ``nbytes`` go to the statistics thread (``async_cpu``)."""
         a = self.async_cpu
         if a == "auto":
-            return nbytes >= self.async_min_bytes and _cores() > 1
+            return nbytes >= self.async_min_bytes and state.cores() > 1
         return bool(a)
 
     def _cpu_cols(self, torch: Any, step: int, names: list[str], numels: list[int],
@@ -946,20 +946,6 @@ class GradientFlowHook(BaseHook):
         if self._handle is not None:
             self._handle.remove()
             self._handle = self._hooked = None
-
-
-_n_cores = 0
-
-
-def _cores() -> int:
-    """The cores this process may run on (made once)."""
-    global _n_cores
-    if not _n_cores:
-        try:
-            _n_cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            _n_cores = os.cpu_count() or 1
-    return _n_cores
 
 
 # ---------------------------------------------------------------------- FeatureMapHook
