@@ -703,7 +703,8 @@ def _texts(pa: Any, np: Any, vals: list) -> Any:
     Not ``pa.array(list)``: pyarrow checks any object it converts for pandas types, and that
     check imports pandas (360 modules) into the program's process where it is installed."""
     n = len(vals)
-    if vals.count(None) == n:
+    nones = vals.count(None)
+    if nones == n:
         return _nulls(pa, n, pa.string())
     v0 = vals[0]
     if type(v0) is str and vals.count(v0) == n:  # one value repeated (run_id, a metric's name)
@@ -712,13 +713,20 @@ def _texts(pa: Any, np: Any, vals: list) -> Any:
             offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(e0))
             bufs = [None, pa.py_buffer(offsets), pa.py_buffer(e0 * n)]
             return pa.Array.from_buffers(pa.string(), n, bufs)
-    enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
+    uniq = dict.fromkeys(vals)
+    if 4 * len(uniq) <= n:  # a few values repeated (parameter names, op names): encoded once
+        codes = {v: b"" if v is None else v.encode("utf-8", "replace") for v in uniq}
+        enc = list(map(codes.__getitem__, vals))
+    else:
+        enc = [b"" if v is None else v.encode("utf-8", "replace") for v in vals]
     data = b"".join(enc)
     large = len(data) >= 1 << 31
     offsets = np.zeros(n + 1, dtype=np.int64 if large else np.int32)
     np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
-    valid = np.fromiter((v is not None for v in vals), dtype=bool, count=n)
-    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    bitmap = None
+    if nones:
+        valid = np.fromiter((v is not None for v in vals), dtype=bool, count=n)
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     tp = pa.large_string() if large else pa.string()
     arr = pa.Array.from_buffers(tp, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
     return arr.cast(pa.string()) if large else arr

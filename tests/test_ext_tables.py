@@ -393,6 +393,71 @@ def test_the_column_way_makes_the_tables_the_rows_way_makes(case: str) -> None:
         assert cols[t].to_pylist() == rows[t].to_pylist(), t
 
 
+def _chunk(run_id: object, rank: object, step: object, ts: int, cols: dict) -> tuple:
+    return ({"run_id": run_id, "pid": 42, "rank": rank, "step": step, "ts_ns": ts}, cols)
+
+
+def _chunk_cases() -> dict[str, list]:
+    names = ["w", "b", None, "w", "b", "w", "w", "b"]  # few values repeated, one None
+    two = {"param": ["a", "b"], "v": [1.0, 2.5]}
+    return {
+        "standard values the same or one per chunk": [
+            _chunk("r1", None, s, 10 + s, {"param": names, "n": list(range(8))}) for s in range(5)
+        ],
+        "a rank set at the third chunk": [
+            _chunk("r1", None if s < 2 else 3, s, s, dict(two)) for s in range(4)
+        ],
+        "a step given by the caller": [
+            _chunk("r1", 0, 9, s, {"step": [s, s], **two}) for s in range(3)
+        ],
+        "a step unknown then known": [_chunk("r1", 0, None, 0, two), _chunk("r1", 0, 4, 1, two)],
+        "run ids that differ": [_chunk("r1", 0, 1, 0, two), _chunk("r2", 0, 1, 1, two)],
+        "an int beyond int64 in a standard column": [
+            _chunk("r1", 0, 1 << 70, 0, two),
+            _chunk("r1", 0, 1, 1, two),
+        ],
+        "every standard value missing": [_chunk(None, None, None, 0, two)] * 2,
+        "strings mostly None": [_chunk("r1", 0, 1, 0, {"t": [None] * 7 + ["x"]})] * 3,
+    }
+
+
+@pytest.mark.parametrize("case", list(_chunk_cases()))
+def test_column_chunks_make_the_table_their_rows_make(case: str) -> None:
+    """The flush's table of column chunks (standard columns repeated per chunk, strings
+    encoded once per distinct value) equals build_table over the same rows."""
+    parts = _chunk_cases()[case]
+    got = tables._table_of_cols(parts)
+    want = tables.build_table(
+        [r for chunk in parts for r in tables._chunk_rows(chunk)], list(tables.STD_COLUMNS)
+    )
+    assert got.schema == want.schema, (got.schema, want.schema)
+    assert got.to_pylist() == want.to_pylist()
+
+
+@pytest.mark.parametrize(
+    "vals",
+    [
+        [None] * 5,
+        ["run"] * 9,
+        ["w", "b", None, "w", "b", "w", "w", "b"] * 5,  # few values: each encoded once
+        ["w", "b"] * 20,
+        [f"v{i}" for i in range(30)] + [None],  # many values: encoded one by one
+        ["é", "日本", "\ud800", "é"] * 4,  # a lone surrogate is replaced, as by encode()
+        [],
+    ],
+)
+def test_string_columns_hold_the_values_given(vals: list) -> None:
+    """The writer's string arrays (built from buffers) equal pyarrow's own conversion."""
+    import numpy as np
+
+    from pprobe.writer import _texts
+
+    want = [None if v is None else v.encode("utf-8", "replace").decode() for v in vals]
+    got = _texts(pa, np, vals)
+    assert got.type == pa.string()
+    assert got.to_pylist() == want == pa.array(want, pa.string()).to_pylist()
+
+
 def test_rows_given_by_column_are_written_as_the_same_rows(tmp_path: Path) -> None:
     """The built-in hooks' column way (tables._add_columns) writes the table their rows
     would: same columns in the same order, types and values, across flushes and with a

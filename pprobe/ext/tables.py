@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from .. import _report, state
@@ -254,7 +255,9 @@ def _cols_to_rows() -> None:
 
 def _table_of_cols(parts: list[tuple[dict[str, Any], dict[str, list[Any]]]]) -> Any:
     """One Arrow table from a table's column chunks (the standard columns first, as
-    :func:`build_table` orders a row's); chunks whose names differ go through rows."""
+    :func:`build_table` orders a row's); chunks whose names differ go through rows. A
+    standard column is one value per chunk: repeated from those values, not from a list of
+    a value per row."""
     import numpy as np
     import pyarrow as pa
 
@@ -262,19 +265,49 @@ def _table_of_cols(parts: list[tuple[dict[str, Any], dict[str, list[Any]]]]) -> 
     if any(list(c) != names for _s, c in parts):
         return build_table([r for chunk in parts for r in _chunk_rows(chunk)], list(STD_COLUMNS))
     sizes = [len(c[names[0]]) if names else 0 for _s, c in parts]
-    columns: list[list[Any]] = []
+    n = sum(sizes)
+    cols = []
     for k in STD_COLUMNS:  # a column given by name wins over the standard one
-        col: list[Any] = []
-        for (std, c), n in zip(parts, sizes):
-            col += c[k] if k in c else [std[k]] * n
-        columns.append(col)
+        if k in parts[0][1]:
+            cols.append(_column(pa, np, list(chain.from_iterable(c[k] for _s, c in parts)), k))
+        else:
+            cols.append(_repeated(pa, np, k, [std[k] for std, _c in parts], sizes, n))
     own = [k for k in names if k not in _STD_TYPES]
     for k in own:
-        col = []
-        for _s, c in parts:
-            col += c[k]
-        columns.append(col)
-    return _from_columns(pa, np, [*STD_COLUMNS, *own], columns, sum(sizes))
+        cols.append(_column(pa, np, list(chain.from_iterable(c[k] for _s, c in parts)), k))
+    return pa.Table.from_arrays(cols, names=[*STD_COLUMNS, *own])
+
+
+def _repeated(pa: Any, np: Any, name: str, per: list[Any], sizes: list[int], n: int) -> Any:
+    """The column whose chunk ``i`` holds ``sizes[i]`` rows of the value ``per[i]``."""
+    types = set(map(type, per))
+    if types == {int}:
+        try:
+            data = np.repeat(np.array(per, dtype=np.int64), sizes)
+        except OverflowError:
+            pass
+        else:
+            return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(data)])
+    if types == {type(None)} and name in _STD_TYPES:
+        return pa.nulls(n, getattr(pa, _STD_TYPES[name])())
+    if types == {str} and per.count(per[0]) == len(per):
+        from ..writer import _texts
+
+        return _texts(pa, np, [per[0]] * n)
+    return _column(pa, np, [v for v, m in zip(per, sizes) for _ in range(m)], name)
+
+
+def _column(pa: Any, np: Any, vals: list[Any], name: str) -> Any:
+    """One column of plain values (or values :func:`_norm` makes plain), its type inferred;
+    a standard column with no value takes its own type."""
+    types = set(map(type, vals))
+    if not types <= _PLAIN:
+        vals = [_norm(v) for v in vals]
+        types = set(map(type, vals))
+    a = _array(pa, np, vals, types)
+    if name in _STD_TYPES and pa.types.is_null(a.type):
+        return pa.nulls(len(vals), getattr(pa, _STD_TYPES[name])())
+    return a
 
 
 def _is_pandas(x: Any) -> bool:
@@ -446,21 +479,9 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
 
 def _from_columns(pa: Any, np: Any, names: list[str], columns: Any, n: int) -> Any:
     """Columns of plain values (one iterable per name) -> an Arrow table, types inferred."""
-    cols = []
-    for col in columns:
-        vals = list(col)
-        types = set(map(type, vals))
-        if not types <= _PLAIN:
-            vals = [_norm(v) for v in vals]
-            types = set(map(type, vals))
-        cols.append(_array(pa, np, vals, types))
-    cols = [
-        pa.nulls(n, getattr(pa, _STD_TYPES[c])())
-        if c in _STD_TYPES and pa.types.is_null(a.type)
-        else a
-        for c, a in zip(names, cols)
-    ]
-    return pa.Table.from_arrays(cols, names=names)
+    return pa.Table.from_arrays(
+        [_column(pa, np, list(col), c) for c, col in zip(names, columns)], names=names
+    )
 
 
 #: The standard columns' types, when a column has no value (all null) to infer one from.
@@ -1024,17 +1045,17 @@ def _append(session: Any, name: str, tbl: Any) -> None:
             return
 
     sink = _sinks.get(name)
-    if sink is not None:
-        sch = sink[2]
-        merged = unify_schemas([sch, tbl.schema])
-        if merged != sch:  # a new column or type: a new shard with the merged schema
+    sch = tbl.schema
+    if sink is not None and not sch.equals(sink[2]):
+        merged = unify_schemas([sink[2], sch])
+        if merged != sink[2]:  # a new column or type: a new shard with the merged schema
             sink[0].close()
             sink[1].close()
             del _sinks[name]
             sink = None
-            sch = merged
-    else:
-        sch = tbl.schema
+        sch = merged
+    elif sink is not None:
+        sch = sink[2]
     if sink is None:
         k = _shard_k.get(name, -1) + 1
         folder = _folder(session)
@@ -1049,7 +1070,7 @@ def _append(session: Any, name: str, tbl: Any) -> None:
         _shard_k[name] = k
         w = pa.ipc.new_stream(f, sch)
         sink = _sinks[name] = (w, f, sch)
-    for b in conform(tbl, sch).to_batches():
+    for b in (tbl if tbl.schema.equals(sch) else conform(tbl, sch)).to_batches():
         sink[0].write_batch(b)
     sink[1].flush()
 
