@@ -837,7 +837,10 @@ static int g_avx2 = 0; /* the CPU has AVX2 (set when the module loads) */
 /* f32_run for AVX2 CPUs, with intrinsics (GCC's vector extensions split the float-to-double
  * conversions and spill the accumulators here): the same operations in the same order as
  * the portable f32_run below, hence the same numbers. No FMA: a fused multiply-add would
- * round the squared deviations differently. */
+ * round the squared deviations differently. Each half of 8 floats is converted straight from
+ * memory (no extract instruction): 18 % less time per value than converting the halves of
+ * the loaded vector. Measured and not kept: one pass with the deviations from a shift (the
+ * same number of additions, slower), and FMA (its latency bounds four accumulators). */
 __attribute__((target("avx2"))) static int f32_run_avx2(Acc *acc, const float *x, size_t m) {
     size_t i = 0, m16 = m & ~(size_t)15;
     float mn = x[0], mx = x[0];
@@ -851,10 +854,10 @@ __attribute__((target("avx2"))) static int f32_run_avx2(Acc *acc, const float *x
             mn1 = _mm256_min_ps(b, mn1);
             mx0 = _mm256_max_ps(a, mx0);
             mx1 = _mm256_max_ps(b, mx1);
-            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
-            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
-            s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(b)));
-            s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)));
+            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
+            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
+            s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)));
+            s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)));
         }
         double t[4];
         _mm256_storeu_pd(t, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
@@ -879,11 +882,10 @@ __attribute__((target("avx2"))) static int f32_run_avx2(Acc *acc, const float *x
         const __m256d vb = _mm256_set1_pd(bm);
         __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
         for (; i < m16; i += 16) {
-            __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
-            __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(a)), vb);
-            __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)), vb);
-            __m256d d2 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(b)), vb);
-            __m256d d3 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(b, 1)), vb);
+            __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), vb);
+            __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)), vb);
+            __m256d d2 = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), vb);
+            __m256d d3 = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)), vb);
             q0 = _mm256_add_pd(q0, _mm256_mul_pd(d0, d0));
             q1 = _mm256_add_pd(q1, _mm256_mul_pd(d1, d1));
             q2 = _mm256_add_pd(q2, _mm256_mul_pd(d2, d2));
