@@ -62,6 +62,28 @@ class Outcome:
     cpu_s: float = 0.0  # the child's user + system CPU time (rusage)
 
 
+_compiled: set[str] = set()
+
+
+def ensure_bytecode(*trees: str) -> None:
+    """Byte-compile pprobe, the bootstrap and the workloads of each tree the children import
+    them from (``__pycache__``, ignored by git). The children run with
+    PYTHONDONTWRITEBYTECODE=1, so no run writes into the tree it measures; without the
+    compiled files every probed child compiled pprobe's modules from source inside its
+    timing, which an installed pprobe (pip compiles at install) or an editable one after its
+    first import does not do. Stale files are compiled again; the children only read them."""
+    import compileall
+
+    for tree in trees:
+        if tree in _compiled:
+            continue
+        _compiled.add(tree)
+        for sub in ("pprobe", "bootstrap", os.path.join("bench", "workloads")):
+            folder = os.path.join(tree, sub)
+            if os.path.isdir(folder):
+                compileall.compile_dir(folder, quiet=2)
+
+
 def base_env() -> dict[str, str]:
     """This environment less anything that would probe a child or change its settings."""
     env = {
@@ -69,8 +91,9 @@ def base_env() -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith("PPROBE") and k not in ("PYTHONPATH", "PYTHONSTARTUP")
     }
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # the compiled files: ensure_bytecode
     env.update(THREAD_ENV)
+    ensure_bytecode(REPO)
     return env
 
 
@@ -83,6 +106,7 @@ def child_env(v: Variant, output: str | None) -> dict[str, str]:
             env["PPROBE_OUTPUT"] = output
     if v.pythonpath:
         paths.append(v.pythonpath)
+        ensure_bytecode(v.pythonpath)
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(v.env)
