@@ -129,6 +129,10 @@ def npy_header(dtype: Any, shape: tuple) -> bytes:
 
 
 # ---------------------------------------------------------------------- the writers
+#: The most chunks the dump budget is cut into (see Dumper.__init__).
+MAX_CHUNKS = 256
+
+
 class _Count:
     """An int attribute kept in the instance's ``array('q')``: no Python int stays referenced
     between calls (NumPy's own tests count the references to small ints)."""
@@ -496,7 +500,10 @@ class Dumper:
         self.run_dir = run_dir
         self.budget = budget
         self.budget_dir = os.path.join(run_dir, ".budget")
-        n_chunks = max(1, min(1024, budget // (1 << 20))) if budget > 0 else 0
+        # chunks of at least 1 MiB, at most 256 of them (4 MiB each in the default 1 GiB):
+        # creating a chunk's file costs the program's thread 0.1-0.5 ms, and a process holds
+        # at most one chunk it has not used
+        n_chunks = max(1, min(MAX_CHUNKS, budget // (1 << 20))) if budget > 0 else 0
         self.n_chunks = n_chunks
         self.chunk = budget // n_chunks if n_chunks else 0
         self.queue_bytes = queue_bytes

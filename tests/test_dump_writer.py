@@ -226,6 +226,17 @@ def test_the_budget_is_a_hard_limit_across_threads(tmp_path: Path) -> None:
     assert len(ops(r.run_dir, "op = 'numpy.negative'")) == 32
 
 
+@pytest.mark.parametrize("budget", [1, 4096, 3 << 20, (3 << 20) + 5, 1 << 30, 1 << 40])
+def test_the_budget_chunks(tmp_path: Path, budget: int) -> None:
+    """The budget is cut into at most MAX_CHUNKS chunks of at least 1 MiB (one, smaller, when
+    the budget is), which never add up to more than the budget."""
+    d = dumps.Dumper(str(tmp_path), budget)
+    assert 1 <= d.n_chunks <= dumps.MAX_CHUNKS
+    assert d.n_chunks * d.chunk <= budget
+    assert d.chunk >= min(budget, 1 << 20)
+    assert budget - d.n_chunks * d.chunk < d.n_chunks  # only the division's remainder is lost
+
+
 def test_unsafe_and_long_names_are_sanitised_and_do_not_stop_dumping(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
