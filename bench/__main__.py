@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         harness.THREAD_ENV.update(
             {"OMP_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n, "MKL_NUM_THREADS": n}
         )
+    else:
+        harness.THREAD_ENV.clear()
     names = only or list(suites.SUITES)
     t_start = time.time()
     git0 = _git()

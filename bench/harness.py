@@ -28,7 +28,12 @@ BOOTSTRAP = os.path.join(REPO, "bootstrap")
 WORKLOADS = os.path.join(REPO, "bench", "workloads")
 MARK = "BENCH_RESULT "
 #: Set by ``python -m bench --threads N``: BLAS/OpenMP thread counts for every child.
-THREAD_ENV: dict[str, str] = {}
+#: Threads of the libraries in every child: one BLAS/OpenMP thread, as the workloads give torch
+#: one (``torch_threads``). On the process's CPU clock a second BLAS thread's spinning
+#: counted in the unprobed NumPy MLP only (its "none" runs read as the slowest).
+#: ``python -m bench --threads N`` sets N; ``--threads 0`` clears it (the libraries' defaults).
+THREAD_ENV: dict[str, str] = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                              "MKL_NUM_THREADS": "1"}  # fmt: skip
 
 
 @dataclass

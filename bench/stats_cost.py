@@ -19,7 +19,6 @@ import json
 import os
 from typing import Any
 
-from . import harness
 from .harness import Outcome, Variant, interleave, median, paired_ci
 
 WORKLOADS = ("micro_numpy", "micro_torch", "mlp_torch", "numpy_mlp")
@@ -53,10 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures there")
     a = p.parse_args(argv)
     common = {"clock": "cpu", "torch_threads": 1}
-    # one BLAS thread in every variant, as torch's: on the process's CPU clock a second BLAS
-    # thread's spinning counted in the unprobed NumPy MLP (its "none" runs were the slowest)
-    harness.THREAD_ENV.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                               "MKL_NUM_THREADS": "1"})  # fmt: skip
     out: dict[str, Any] = {"load_before": os.getloadavg()}
     for w in a.only.split(","):
         torch = "torch" in w
