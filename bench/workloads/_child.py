@@ -114,9 +114,22 @@ class _Meter:
         self.rows_other = 0  # op rows written by flushes on any other thread
         self.cpu_other = 0.0
         self.first: tuple[int, float] | None = None  # (rows, CPU s) of the first flush with rows
+        #: flushes inside this wrapper: the real flush releases the writer's lock before the
+        #: wrapper counts its rows, so :func:`drain` waits for this to be 0 as well
+        self.busy = 0
+        self._busy_lock = threading.Lock()
         w.flush = self.flush
 
     def flush(self) -> None:
+        with self._busy_lock:
+            self.busy += 1
+        try:
+            self._flush()
+        finally:
+            with self._busy_lock:
+                self.busy -= 1
+
+    def _flush(self) -> None:
         w = self.writer
         on_writer = threading.current_thread() is w.thread
         if not self.imported and len(_buffer()):
@@ -172,6 +185,8 @@ def drain(s: Any, timeout: float = 120.0) -> None:
         time.sleep(0.0005)
     with w.lock:  # the flush that took the last rows holds the lock until they are written
         pass
+    while _meter is not None and _meter.busy and time.monotonic() < deadline:
+        time.sleep(0.0005)  # ... and its wrapper counts them after releasing it
 
 
 def _thread_cpu(t: threading.Thread) -> dict[str, Any]:
