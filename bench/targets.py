@@ -337,14 +337,18 @@ def _dumps(s: dict[str, Section]) -> list[Target]:
         ]
     out = []
     big = sec.figures.get("1 MB", {})
-    p, d = big.get("op, pprobe dump", {}).get("mb_s"), big.get("disk, page cache", {}).get("mb_s")
+    p, dc = big.get("op, pprobe dump", {}).get("mb_s"), big.get("disk, page cache", {}).get("mb_s")
     df = big.get("disk, fsync", {}).get("mb_s")
+    # the disk's bandwidth: the faster of the two single writes (on a VM the write without
+    # fsync can read slower than the one with it, throttled by the dirty pages of earlier runs)
+    d = max((x for x in (dc, df) if x), default=None)
     if p and d:
         out.append(
             _t(
-                "dump: 1 MB arrays vs disk bandwidth (same bytes, one write, no fsync)",
-                f"{p:,.0f} / {d:,.0f} MB/s = {p / d:.0%}"
-                + (f" (fsync'd disk: {df:,.0f} MB/s)" if df else ""),
+                "dump: 1 MB arrays vs disk bandwidth (same bytes, one write: the faster of "
+                "without and with fsync)",
+                f"{p:,.0f} / {d:,.0f} MB/s = {p / d:.0%} (page cache {dc or 0:,.0f}, "
+                f"fsync'd {df or 0:,.0f} MB/s)",
                 ">= 70%",
                 p / d >= 0.7,
             )
