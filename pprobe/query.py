@@ -330,6 +330,25 @@ def _crc_before(f: pa.NativeFile, end: int) -> int:
     return zlib.crc32(f.read_at(n, end - n)) if n else 0
 
 
+def _first_batch(path: str) -> int | None:
+    """The offset of the shard's first batch: the end of its schema message (the 8-byte
+    prefix, the continuation marker and the metadata's length, then the metadata; a schema
+    message has no body). None when it cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, 8, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(head) < 8 or head[:4] != b"\xff\xff\xff\xff":
+        return None
+    return 8 + int.from_bytes(head[4:], "little", signed=True)
+
+
 def _read_schema(f: pa.NativeFile) -> tuple[pa.Schema, int] | None:
     """The stream's schema and the offset of its first batch; None while it has no schema."""
     import pyarrow as pa
@@ -790,9 +809,16 @@ def table_sources(
             except OSError:
                 continue  # gone since it was listed
             fresh = None
+            first: int | None = -1  # the offset of the shard's first batch, read when needed
             for listing, damage in [] if rebuild else zip(listings, damages):
                 chain = _chain(listing.get(shard, ()))
                 if chain and (chain[-1].size, chain[-1].mtime_ns) == (st.st_size, st.st_mtime_ns):
+                    if first == -1:
+                        first = _first_batch(path)
+                    if chain[0].start != first:
+                        # a listing taken while another query replaced the shard's first
+                        # parts (merging small ones): not the whole shard
+                        continue
                     fresh = chain
                     known = damage.get((shard, st.st_size, st.st_mtime_ns))
                     if known is not None:

@@ -507,6 +507,30 @@ def test_a_damaged_cache_file_is_converted_again(tmp_path: Path, jobs: list[Any]
     assert jobs == []
 
 
+def test_a_listing_without_the_shards_first_parts_is_not_taken_as_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A query that lists the cache while another replaces the shard's first parts (merging
+    small ones) may see only the newest part, named after the shard's current size and
+    mtime. That part alone is not the shard: the query converts again and sees every row
+    (it saw only the newest part's 40 rows, 1 run in 20, in the concurrent test below)."""
+    from pprobe import query
+
+    monkeypatch.setattr(query, "SEGMENT_BYTES", 1)  # a part per batch
+    run_dir = tmp_path / "run"
+    live = Shard(run_dir, 5)
+    for _ in range(3):
+        live.batch(40)
+    cache = run_dir / "log" / ".cache"
+    assert cached(run_dir, "SELECT count(*) FROM ops") == [(120,)]
+    parts = sorted(cache.glob("*.parquet"), key=lambda p: int(p.name.split(".")[3].split("-")[0]))
+    assert len(parts) == 3
+    for p in parts[:2]:  # what such a listing shows: the newest part only
+        p.unlink()
+    got = [r[0] for r in cached(run_dir, "SELECT seq FROM ops ORDER BY seq")]
+    assert got == list(range(120))
+
+
 def test_concurrent_queries_of_a_live_run_see_whole_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
