@@ -1564,21 +1564,19 @@ static int tz_plain_type(PyTypeObject *tp) {
     return 0;
 }
 
-/* 1: true, 0: false, -1: an exception (the attribute or the call failed) */
-static int tz_attr_true(PyObject *x, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(x, name);
+/* the truth of v, a new reference it releases: 1, 0, or -1 (v NULL: an exception is set) */
+static int tz_true(PyObject *v) {
     if (!v) return -1;
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
     return r;
 }
 
+/* 1: true, 0: false, -1: an exception (the attribute or the call failed) */
+static int tz_attr_true(PyObject *x, PyObject *name) { return tz_true(PyObject_GetAttr(x, name)); }
+
 static int tz_call_true(PyObject *fn, PyObject *x) {
-    PyObject *v = x ? PyObject_CallOneArg(fn, x) : PyObject_CallNoArgs(fn);
-    if (!v) return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
+    return tz_true(x ? PyObject_CallOneArg(fn, x) : PyObject_CallNoArgs(fn));
 }
 
 static PyObject *tz_method(PyObject *x, PyObject *name) {
@@ -1587,13 +1585,7 @@ static PyObject *tz_method(PyObject *x, PyObject *name) {
 }
 
 /* x.name() is true: 1, 0, or -1 (an exception) */
-static int tz_method_true(PyObject *x, PyObject *name) {
-    PyObject *v = tz_method(x, name);
-    if (!v) return -1;
-    int r = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return r;
-}
+static int tz_method_true(PyObject *x, PyObject *name) { return tz_true(tz_method(x, name)); }
 
 /* 1: statted into acc; 0: not handled here (no exception set) */
 static int tensor_acc(PyObject *x, Acc *acc) {
