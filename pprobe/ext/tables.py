@@ -474,10 +474,10 @@ def build_table(rows: list[dict[str, Any]], first: list[str]) -> Any:
                 for k in r:
                     names.setdefault(k, None)
             columns = ([r.get(c) for r in rows] for c in names)
-        return _from_columns(pa, np, list(names), columns, len(rows))
+        return _from_columns(pa, np, list(names), columns)
 
 
-def _from_columns(pa: Any, np: Any, names: list[str], columns: Any, n: int) -> Any:
+def _from_columns(pa: Any, np: Any, names: list[str], columns: Any) -> Any:
     """Columns of plain values (one iterable per name) -> an Arrow table, types inferred."""
     return pa.Table.from_arrays(
         [_column(pa, np, list(col), c) for c, col in zip(names, columns)], names=names
@@ -762,7 +762,7 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
                    "ts_ns": tss}  # fmt: skip
             names = [*STD_COLUMNS, *(k for k in keys if k not in std)]
             std.update(zip(keys, user))  # the user's column wins over pprobe's, in its place
-            out[name] = _from_columns(pa, np, names, [std[c] for c in names], n)
+            out[name] = _from_columns(pa, np, names, [std[c] for c in names])
             continue
         rows: list[dict[str, Any]] = []
         for step, rank, ts_ns, got, s in zip(steps, ranks, tss, gots, srcs):
@@ -780,7 +780,7 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
         m_steps, m_ranks, m_ts, m_values, m_names = cols
         out["metrics"] = _from_columns(
             pa, np, [*STD_COLUMNS, "name", "value"],
-            [[run_id] * m, [pid] * m, m_ranks, m_steps, m_ts, m_names, m_values], m,
+            [[run_id] * m, [pid] * m, m_ranks, m_steps, m_ts, m_names, m_values],
         )  # fmt: skip
     if rows_out:
         with _lock:
