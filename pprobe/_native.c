@@ -36,7 +36,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 5
+#define PPROBE_NATIVE_API 6
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -2336,6 +2336,99 @@ static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ the writer's strings */
+/* utf8_column(items, ids=None) -> (null count, validity bitmap or None, offsets, data): an
+   Arrow utf8 column's buffers (int32 offsets, LSB-first bitmap) for the writer
+   (pprobe.writer, whose Python twin joins the same bytes with bytes.join).
+   Without ids, items is a list with a bytes or None per row. With ids (an int64 buffer), row
+   k is items[ids[k] + 1], the table of string ids' UTF-8 bytes (items[0] is b""), and an id
+   below 0 is a null. */
+static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "utf8_column(items: list, ids=None)");
+        return NULL;
+    }
+    PyObject *items = args[0];
+    Py_buffer ib = {0};
+    const int64_t *ids = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (nargs == 2 && args[1] != Py_None) {
+        if (PyObject_GetBuffer(args[1], &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+        if (ib.itemsize != 8 || (ib.format && strcmp(ib.format, "l") && strcmp(ib.format, "q") &&
+                                 strcmp(ib.format, "<q") && strcmp(ib.format, "=q"))) {
+            PyBuffer_Release(&ib);
+            PyErr_SetString(PyExc_TypeError, "utf8_column: ids must be int64");
+            return NULL;
+        }
+        ids = (const int64_t *)ib.buf;
+        n = ib.len / 8;
+    }
+    Py_ssize_t table = PyList_GET_SIZE(items);
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    PyObject *bitmap = NULL, *data = NULL, *out = NULL;
+    if (!offsets) goto done;
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    int64_t total = 0;
+    Py_ssize_t nulls = 0;
+    off[0] = 0;
+    for (Py_ssize_t k = 0; k < n; k++) { /* the sizes, and every item checked */
+        PyObject *it;
+        if (ids) {
+            int64_t i = ids[k] + 1;
+            if (i < 0) i = 0;
+            if (i >= table) {
+                PyErr_SetString(PyExc_IndexError, "utf8_column: a string id past the table");
+                goto done;
+            }
+            nulls += ids[k] < 0;
+            it = PyList_GET_ITEM(items, i);
+        } else {
+            it = PyList_GET_ITEM(items, k);
+            if (it == Py_None) {
+                nulls++;
+                off[k + 1] = (int32_t)total;
+                continue;
+            }
+        }
+        if (!PyBytes_Check(it)) {
+            PyErr_SetString(PyExc_TypeError, "utf8_column: items must be bytes (or None)");
+            goto done;
+        }
+        total += PyBytes_GET_SIZE(it);
+        if (total >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "a string column of 2 GiB or more in one batch");
+            goto done;
+        }
+        off[k + 1] = (int32_t)total;
+    }
+    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!data) goto done;
+    char *dst = PyBytes_AS_STRING(data);
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t len = off[k + 1] - off[k];
+        if (!len) continue;
+        PyObject *it = ids ? PyList_GET_ITEM(items, ids[k] + 1) : PyList_GET_ITEM(items, k);
+        memcpy(dst + off[k], PyBytes_AS_STRING(it), (size_t)len);
+    }
+    if (nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) goto done;
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int valid = ids ? ids[k] >= 0 : PyList_GET_ITEM(items, k) != Py_None;
+            bits[k >> 3] |= (uint8_t)(valid << (k & 7));
+        }
+    }
+    out = Py_BuildValue("(nOOO)", nulls, bitmap ? bitmap : Py_None, offsets, data);
+done:
+    if (ids) PyBuffer_Release(&ib);
+    Py_XDECREF(offsets);
+    Py_XDECREF(bitmap);
+    Py_XDECREF(data);
+    return out;
+}
+
 static PyObject *layout(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
 }
@@ -2380,6 +2473,8 @@ static PyMethodDef methods[] = {
      "torch_mode(on, compiler_dict, torch_call): switch the api-level handler"},
     {"after_fork_child", after_fork_child, METH_NOARGS, "empty buffer in a forked child"},
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
+    {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
+     "utf8_column(items, ids=None) -> (nulls, bitmap or None, offsets, data)"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._native",

@@ -346,7 +346,7 @@ def batch_message(batch: Batch) -> list:
 
 class StreamWriter:
     """One stream file: the schema message when opened, a message per batch, each written
-    with one ``os.write`` loop (a reader never sees half a batch as whole), EOS at close."""
+    with one ``os.writev`` loop (a reader never sees half a batch as whole), EOS at close."""
 
     def __init__(self, fd: int, fields: Sequence[tuple[str, str]], metadata: dict[str, str]):
         self.fd = fd
@@ -359,9 +359,11 @@ class StreamWriter:
         write_all(self.fd, data)
 
     def write_batch(self, batch: Batch) -> None:
+        from .safefs import write_all_v
+
         if tuple(batch.fields) != self.fields:
             raise ValueError("arrowipc: a batch of another schema than the stream's")
-        self._write(b"".join(batch_message(batch)))
+        write_all_v(self.fd, batch_message(batch))  # the buffers as they are: no joined copy
 
     def close(self) -> None:
         """The end-of-stream marker, then the file closed."""

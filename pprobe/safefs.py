@@ -217,6 +217,27 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
+#: The most buffers one writev takes (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+
+def write_all_v(fd: int, pieces: list) -> None:
+    """:func:`write_all` of the concatenation of ``pieces`` (bytes-like objects), with
+    ``os.writev``: no joined copy is made."""
+    views = [v for v in (memoryview(p).cast("B") for p in pieces) if v.nbytes]
+    while views:
+        n = os.writev(fd, views[:IOV_MAX])
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        i = 0
+        while i < len(views) and n >= views[i].nbytes:
+            n -= views[i].nbytes
+            i += 1
+        views = views[i:]
+        if n:
+            views[0] = views[0][n:]
+
+
 def open_base(path: str, permissions: str = "private") -> RunDir:
     """The output folder (made if missing, symlinks along the user's own path followed),
     checked by :func:`check_base`."""

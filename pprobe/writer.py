@@ -24,7 +24,7 @@ import time
 from time import perf_counter_ns
 from typing import Any
 
-from . import _report, logschema, recorder, records, safefs, state, values
+from . import _report, core, logschema, recorder, records, safefs, state, values
 from . import arrowipc as A  # light; never imported on the writer thread (see FORK_WAIT_S)
 from .state import INTERNAL
 
@@ -91,7 +91,7 @@ class Writer:
         self._ops_sids: tuple | None = None
         self._sites_sids: tuple = ((), ())
         self._stacks_done = 0  # stacks (recorder.stack_inner) written to this process's shard
-        self._args_cache: dict[Any, str] = {}
+        self._args_cache: dict[Any, bytes] = {}
         self._failed_dumps: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -314,7 +314,7 @@ class Writer:
         first = np.frombuffer(st_site.tobytes() or bytes(8), dtype=np.int64)
         site_safe = first[np.where(has_site, stack, 0)]
         parent = ops["parent"]
-        args = self._args(ops["args"], objs)
+        args = self._args(np, ops["args"], objs)
         strs.refresh()
         gather = strs.gather
         ops_cols = [
@@ -339,7 +339,7 @@ class Writer:
             A.ints(np, ops["step"], A.INT64),
             A.ints(np, ops["depth"], A.INT32),
             A.ints(np, parent, A.INT64, parent >= 0),
-            A.texts(np, args),
+            args,
             A.ints(np, stack, A.INT64, has_site),
         ]
         ops_batch = A.Batch(logschema.OPS, n, ops_cols)
@@ -429,32 +429,49 @@ class Writer:
             A.ints(np, size, A.INT64, has_size),
         )
 
-    def _args(self, refs: Any, objs: list) -> list:
-        """The args column: each call's (name, value) pairs as text (values.arg_text), made
-        once per distinct set of pairs."""
+    def _args(self, np: Any, refs: Any, objs: list) -> Any:
+        """The args column: each call's (name, value) pairs as text (values.arg_text),
+        encoded once per distinct set of pairs (a cache of up to 65,536 sets, emptied when
+        full)."""
         n = len(refs)
-        out: list = [None] * n
         if not objs:
-            return out
-        import numpy as np
-
-        arg = values.arg_text
+            return A.nulls(np, A.UTF8, n)
+        rows = np.flatnonzero(refs >= 0)
+        if not len(rows):
+            return A.nulls(np, A.UTF8, n)
+        pairs = list(map(objs.__getitem__, refs[rows].tolist()))
         cache = self._args_cache
-        for k in np.flatnonzero(refs >= 0).tolist():
-            pairs = objs[int(refs[k])]
-            try:
-                text = cache.get(pairs)
-            except TypeError:  # an unhashable value
-                text = None
-                pairs_key = None
-            else:
-                pairs_key = pairs
-            if text is None:
-                text = ", ".join(arg(i, v) for i, v in pairs)
-                if pairs_key is not None and len(cache) < 65536:
-                    cache[pairs_key] = text
-            out[k] = text
-        return out
+        arg = values.arg_text
+        try:  # C loops: no Python code per row
+            texts = list(map(cache.get, pairs))
+            if None in texts:  # sets not seen before: each formatted once
+                new = dict.fromkeys([p for p, t in zip(pairs, texts) if t is None])
+                if len(cache) + len(new) > 65536:
+                    cache.clear()  # the program's args vary without end: start over
+                for p in new:
+                    cache[p] = ", ".join(arg(i, v) for i, v in p).encode("utf-8", "replace")
+                texts = list(map(cache.get, pairs))
+        except TypeError:  # an unhashable value: each row on its own
+            texts = [None] * len(pairs)
+            for k, p in enumerate(pairs):
+                try:
+                    text = cache.get(p)
+                except TypeError:
+                    text = None
+                if text is None:
+                    text = ", ".join(arg(i, v) for i, v in p).encode("utf-8", "replace")
+                    try:
+                        if len(cache) >= 65536:
+                            cache.clear()
+                        cache[p] = text
+                    except TypeError:
+                        pass
+                texts[k] = text
+        if len(rows) == n:
+            return _utf8(np, texts)
+        items = np.full(n, None, dtype=object)
+        items[rows] = np.fromiter(texts, dtype=object, count=len(texts))
+        return _utf8(np, items.tolist())
 
     def _stacks_batch(self) -> Any:
         """The stacks interned since the last batch (recorder.stack_*), one row per frame,
@@ -561,6 +578,7 @@ class _Strings:
         self.count = 0
         self.table: Any = None  # object array: b"", then each string's UTF-8 bytes
         self.lens: Any = None  # int64 array: their lengths
+        self.items: list[bytes] = [b""]  # the same bytes, for the native core's utf8_column
 
     def refresh(self) -> None:
         import numpy as np
@@ -582,6 +600,7 @@ class _Strings:
             e = records.strings[i].encode("utf-8", "replace")
             table[i + 1] = e
             lens[i + 1] = len(e)
+            self.items.append(e)
         self.count = n
 
     def gather(self, ids: Any) -> Any:
@@ -594,6 +613,10 @@ class _Strings:
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:  # one value (status "ok", device "cpu", no module)
             return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.table[lo + 1], n)
+        native = core.native
+        if native is not None:  # the same buffers, in C
+            k, bitmap, offsets, data = native.utf8_column(self.items, ids.astype(np.int64))
+            return A.Column(n, k, [bitmap, offsets, data])
         idx = ids + 1  # null (-1) -> b""
         lens = self.lens[idx]
         if int(lens.sum()) >= 1 << 31:
@@ -602,6 +625,25 @@ class _Strings:
         np.cumsum(lens, out=offsets[1:], dtype=np.int32)
         data = b"".join(self.table.take(idx).tolist())
         return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
+
+
+def _utf8(np: Any, items: list) -> Any:
+    """A utf8 column of UTF-8 ``bytes`` or None per row: the native core's utf8_column, or
+    its twin (bytes.join)."""
+    n = len(items)
+    native = core.native
+    if native is not None:
+        k, bitmap, offsets, data = native.utf8_column(items)
+        return A.Column(n, k, [bitmap, offsets, data])
+    nulls = items.count(None)
+    enc = [b"" if v is None else v for v in items] if nulls else items
+    data = b"".join(enc)
+    if len(data) >= 1 << 31:
+        raise ValueError("a string column of 2 GiB or more in one batch")
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
+    valid = np.fromiter((v is not None for v in items), dtype=bool, count=n) if nulls else None
+    return A.strings(np, offsets, data, valid)
 
 
 def _const_int(np: Any, A: Any, v: int | None, n: int) -> Any:

@@ -1,0 +1,165 @@
+"""The log writer's string columns and its vector write (pprobe.writer, pprobe.safefs).
+
+The native core's ``utf8_column`` builds a utf8 column's buffers in C; its Python twin
+(``pprobe.writer._utf8`` and ``_Strings.gather`` without the core) joins the same bytes with
+``bytes.join``. Both are compared with pyarrow's own conversion of the same values, and the
+args column (one text per distinct set of (name, value) pairs, cached) with the texts
+``values.arg_text`` makes, hashable sets or not. ``write_all_v`` is checked against short
+writes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pprobe import arrowipc as A
+from pprobe import core, records, safefs, values, writer
+
+ENGINES = ["native", "python"] if core.native is not None else ["python"]
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the native core's helpers, then with their Python twins."""
+    if request.param == "python":
+        monkeypatch.setattr(core, "native", None)
+    return str(request.param)
+
+
+def _decoded(col: A.Column) -> list:
+    """The values of a utf8 column, decoded by pyarrow from the column's own buffers."""
+    fields = (("s", A.UTF8),)
+    data = b"".join(A.batch_message(A.Batch(fields, col.length, [col])))
+    sink = A.schema_message(fields, {}) + data + A.EOS
+    return pa.ipc.open_stream(sink).read_all().column("s").to_pylist()
+
+
+def _values(rng: random.Random, n: int) -> list:
+    pool = ["", "a", "numpy.add", "é∂ƒ", "x" * 300, "line\nbreak", "\x00nul"]
+    return [None if rng.random() < 0.2 else rng.choice(pool) for _ in range(n)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 1000])
+def test_a_column_of_bytes_or_none_reads_back_as_given(engine: str, n: int) -> None:
+    rng = random.Random(n)
+    vals = _values(rng, n)
+    items = [None if v is None else v.encode() for v in vals]
+    col = writer._utf8(np, items)
+    assert col.length == n
+    assert col.null_count == vals.count(None)
+    assert _decoded(col) == vals
+
+
+def test_a_column_without_nulls_has_no_bitmap(engine: str) -> None:
+    col = writer._utf8(np, [b"a", b"", b"bc"])
+    assert col.null_count == 0 and col.buffers[0] is None
+    assert _decoded(col) == ["a", "", "bc"]
+
+
+@pytest.mark.parametrize("n", [1, 9, 1000])
+def test_string_ids_gather_to_the_strings(engine: str, n: int) -> None:
+    rng = random.Random(n)
+    texts = ["ok", "é", "", "numpy.ndarray.__add__", "y" * 100]
+    ids = np.array([rng.choice([-1, *[records.sid(t) for t in texts]]) for _ in range(n)])
+    ids[0] = records.sid(texts[0])  # at least two distinct ids: not the one-value shortcut
+    if n > 1:
+        ids[1] = records.sid(texts[1])
+    strs = writer._Strings()
+    strs.refresh()
+    col = strs.gather(ids)
+    want = [None if i < 0 else records.strings[i] for i in ids.tolist()]
+    assert col.null_count == want.count(None)
+    assert _decoded(col) == want
+
+
+@pytest.mark.skipif(
+    core.native is None, reason="the native core is off (PPROBE_CORE=python) or not built"
+)
+def test_utf8_column_refuses_what_it_cannot_encode() -> None:
+    fn = core.native.utf8_column  # type: ignore[union-attr]
+    with pytest.raises(TypeError):
+        fn([b"a", "not bytes"])
+    with pytest.raises(IndexError):
+        fn([b"", b"a"], np.array([0, 5], dtype=np.int64))
+    with pytest.raises(TypeError):
+        fn([b"", b"a"], np.array([0, 1], dtype=np.int32))
+    k, bitmap, offsets, data = fn([b"", b"a", b"bc"], np.array([1, -1, 0, 1], dtype=np.int64))
+    assert (k, data) == (1, b"bcabc")
+    assert np.frombuffer(offsets, dtype=np.int32).tolist() == [0, 2, 2, 3, 5]
+    assert bitmap == bytes([0b1101])
+
+
+def _writer() -> writer.Writer:
+    w = writer.Writer.__new__(writer.Writer)
+    w._args_cache = {}
+    return w
+
+
+def _args(w: writer.Writer, calls: list) -> list:
+    """The args column for ``calls`` (a pairs tuple or None per row), decoded."""
+    objs = [c for c in calls if c is not None]
+    refs, k = [], 0
+    for c in calls:
+        refs.append(-1 if c is None else k)
+        k += c is not None
+    return _decoded(w._args(np, np.array(refs, dtype=np.int64), objs))
+
+
+def _text(pairs: Any) -> str:
+    return ", ".join(values.arg_text(i, v) for i, v in pairs)
+
+
+def test_args_are_the_texts_of_their_pairs_hashable_or_not(engine: str) -> None:
+    a = (("alpha", -0.01),)
+    b = (("axis", 1), ("keepdims", True))
+    u = (("out", [1, 2, 3]),)  # a list: unhashable
+    w = _writer()
+    for calls in ([a, None, b, a, None], [b, b, a], [a, u, None, u, b], [None, None]):
+        want = [None if c is None else _text(c) for c in calls]
+        assert _args(w, calls) == want
+    assert set(w._args_cache) == {a, b}  # the unhashable set is formatted each time
+
+
+def test_the_args_cache_starts_over_when_full(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = _writer()
+    calls = [(("lr", float(i)),) for i in range(70_000)]
+    got = _args(w, calls[:40_000])
+    got += _args(w, calls[40_000:])
+    assert got == [_text(c) for c in calls]
+    assert len(w._args_cache) <= 65_536
+    assert _args(w, [calls[-1], calls[0]]) == [_text(calls[-1]), _text(calls[0])]
+
+
+def test_write_all_v_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pieces = [b"head", np.arange(10, dtype=np.int32), b"", bytes(range(256)) * 3, b"\x00" * 5]
+    want = b"".join(memoryview(p).cast("B").tobytes() for p in pieces)
+    real = os.writev
+
+    def short(fd: int, bufs: list) -> int:
+        return real(fd, [memoryview(bufs[0])[:3]])  # at most 3 bytes a call
+
+    monkeypatch.setattr(os, "writev", short)
+    path = tmp_path / "out.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        safefs.write_all_v(fd, pieces)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == want
+
+
+def test_write_all_v_reports_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: 0)
+    fd = os.open(tmp_path / "out.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with pytest.raises(OSError, match="No space"):
+            safefs.write_all_v(fd, [b"abc"])
+    finally:
+        os.close(fd)
