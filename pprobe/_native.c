@@ -1213,14 +1213,37 @@ static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
     return r;
 }
 
-/* One argument: 1 handled, 0 unknown kind (use the Python path), -1 error. */
+static PyObject *py_other_pair = NULL; /* values.other_pair(idx, value) -> pair or None */
+
+/* One argument: 1 handled, 0 unknown kind (use the Python path), -1 error. An argument that
+ * is neither an array nor a plain scalar (a class, a dtype, a shape tuple, an enum) is
+ * handed to values.other_pair, which gives the (name, value) pair the Python engine records
+ * for it, or None when it is or holds an array: then the Python path records the call. */
 static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, int64_t seq) {
     int r = describe_np(ds, x, s_input, idx, seq);
     if (r) return r;
     if (PyFloat_CheckExact(x) || PyLong_CheckExact(x) || x == Py_None || PyBool_Check(x) ||
         PyUnicode_CheckExact(x))
         return add_pair(ds, idx_obj, x) < 0 ? -1 : 1;
-    return 0;
+    if (!py_other_pair) return 0;
+    PyObject *pair = PyObject_CallFunctionObjArgs(py_other_pair, idx_obj, x, NULL);
+    if (!pair || !PyTuple_Check(pair)) { /* an array, or the helper failed: the Python path */
+        Py_XDECREF(pair);
+        PyErr_Clear();
+        return 0;
+    }
+    if (!ds->pairs && !(ds->pairs = PyList_New(0))) {
+        Py_DECREF(pair);
+        return -1;
+    }
+    r = PyList_Append(ds->pairs, pair);
+    Py_DECREF(pair);
+    return r < 0 ? -1 : 1;
+}
+
+static PyObject *set_other_pair(PyObject *self, PyObject *fn) {
+    Py_XSETREF(py_other_pair, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------ the hot path */
@@ -2473,6 +2496,8 @@ static PyMethodDef methods[] = {
      "torch_mode(on, compiler_dict, torch_call): switch the api-level handler"},
     {"after_fork_child", after_fork_child, METH_NOARGS, "empty buffer in a forked child"},
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
+    {"set_other_pair", set_other_pair, METH_O,
+     "set_other_pair(fn or None): the args the core does not describe itself"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None) -> (nulls, bitmap or None, offsets, data)"},
     {NULL}};

@@ -270,6 +270,19 @@ def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
     return arrays, others
 
 
+def other_pair(idx: str, a: Any) -> tuple | None:
+    """For the native core (``_native.set_other_pair``): the (name, value) pair
+    :func:`collect` records for an argument the core does not describe itself (a class, a
+    dtype, a short tuple, an object shown by its type), or None when ``a`` is or holds an
+    array: the core then leaves the whole call to the Python path."""
+    arrays: list = []
+    others: list = []
+    _one(idx, a, arrays, others)
+    if arrays or len(others) != 1:
+        return None
+    return others[0]  # type: ignore[no-any-return]
+
+
 def _one(idx: str, a: Any, arrays: list, others: list) -> None:
     tp = type(a)
     k = _kinds.get(tp) or kind_of(tp)

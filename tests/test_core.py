@@ -246,3 +246,58 @@ def test_deep_arrays_among_outputs_are_described(tmp_path: Path) -> None:
     (row,) = ops(r.run_dir, "op = 'numpy.meshgrid'")
     outs = tensors(r.run_dir, f"seq = {row['seq']} and role = 'output'")
     assert [(t["idx"], t["shape"]) for t in outs] == [(str(i), [2] * 9) for i in range(9)]
+
+
+ARGS_SCRIPT = """
+import enum
+import numpy as np
+
+class Mode(enum.Enum):
+    A = 1
+
+a = np.arange(6.0).reshape(2, 3)
+a.astype(np.float32)                          # a class
+a.astype(np.dtype("float16"), copy=False)     # a dtype, a bool
+np.broadcast_to(a[0], (2, 3))                 # a shape of small ints
+np.broadcast_to(np.arange(2.0), (1000, 2))    # a shape with a big int
+np.reshape(a, (3, 2), order="C")
+np.sum(a, axis=(0, 1), keepdims=True)
+np.full((2,), 1.5, dtype=np.float64)
+np.concatenate([a, a], axis=0)                # a list holding arrays: described as inputs
+np.stack((a, a), axis=-1)
+np.clip(a, 0.5, 4.5)
+np.array(a, copy=np._CopyMode.ALWAYS)         # an object shown by its class
+np.asarray([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])  # a long list of scalars
+np.zeros(3, dtype=[("x", "f4")])              # a structured dtype spec
+a[slice(0, 1)].copy()
+np.pad(np.arange(3.0), (1, 2), mode="constant")  # a tuple and a str
+np.round(a, decimals=Mode.A.value)
+"""
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built here")
+def test_both_engines_record_the_same_arguments(tmp_path: Path) -> None:
+    """Arguments the native core does not describe itself (classes, dtypes, tuples, enums,
+    lists) go through values.other_pair: the rows, their inputs and their args texts are the
+    Python engine's."""
+    got = {}
+    for engine in ("native", "python"):
+        r = run_script(tmp_path / engine, ARGS_SCRIPT,
+                       env={"PPROBE_CORE": engine, "PPROBE_MODE": "log"}).check()  # fmt: skip
+        assert meta(r.run_dir)["core"]["engine"] == engine
+        rows = ops(r.run_dir)
+        got[engine] = [
+            (o["op"], o["args"], [(t["role"], t["idx"], t["shape"]) for t in
+                                  tensors(r.run_dir, f"seq = {o['seq']}")])
+            for o in rows
+        ]  # fmt: skip
+    assert got["native"] == got["python"]
+
+    def args(op: str) -> list:
+        return [a for o, a, _ in got["native"] if o == op]
+
+    assert args("numpy.ndarray.astype") == [
+        "1=<class 'numpy.float32'>", "1=dtype('float16'), copy=False"
+    ]  # fmt: skip
+    assert args("numpy.broadcast_to") == ["1=(2, 3)", "1=(1000, 2)"]
+    assert args("numpy.array") == ["copy=<numpy._CopyMode>"]
