@@ -2452,6 +2452,53 @@ done:
     return out;
 }
 
+/* arg_keys(sets) -> the writer's cache keys for the args column (pprobe.writer._args): for
+   each set of (name, value) pairs, (set, k_1, ..., k_n) where k_i is the bits of value i
+   when it is a float and its type otherwise. Equal sets can have different texts (1.0 ==
+   True, 1000 == 1000.0, 0.0 == -0.0): the keys tell them apart. The Python twin is
+   writer._arg_key. */
+static PyObject *arg_keys(PyObject *self, PyObject *sets) {
+    if (!PyList_Check(sets)) {
+        PyErr_SetString(PyExc_TypeError, "arg_keys(sets: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sets);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(sets, i);
+        Py_ssize_t k = PyTuple_Check(p) ? PyTuple_GET_SIZE(p) : 0;
+        PyObject *key = PyTuple_New(k + 1);
+        if (!key) goto fail;
+        PyTuple_SET_ITEM(key, 0, Py_NewRef(p));
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyObject *pair = PyTuple_GET_ITEM(p, j);
+            PyObject *v = PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2
+                              ? PyTuple_GET_ITEM(pair, 1)
+                              : pair;
+            PyObject *item;
+            if (PyFloat_CheckExact(v)) {
+                double d = PyFloat_AS_DOUBLE(v);
+                long long bits;
+                memcpy(&bits, &d, sizeof bits);
+                item = PyLong_FromLongLong(bits);
+                if (!item) {
+                    Py_DECREF(key);
+                    goto fail;
+                }
+            } else {
+                item = Py_NewRef((PyObject *)Py_TYPE(v));
+            }
+            PyTuple_SET_ITEM(key, j + 1, item);
+        }
+        PyList_SET_ITEM(out, i, key);
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyObject *layout(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
 }
@@ -2498,6 +2545,7 @@ static PyMethodDef methods[] = {
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
     {"set_other_pair", set_other_pair, METH_O,
      "set_other_pair(fn or None): the args the core does not describe itself"},
+    {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None) -> (nulls, bitmap or None, offsets, data)"},
     {NULL}};

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import sys
 import threading
 import time
@@ -440,33 +441,37 @@ class Writer:
         if not len(rows):
             return A.nulls(np, A.UTF8, n)
         pairs = list(map(objs.__getitem__, refs[rows].tolist()))
+        native = core.native
+        # keyed by the pairs and their values' types (and a float's bits): 1.0 == True and
+        # 0.0 == -0.0, but their texts differ
+        keys = native.arg_keys(pairs) if native is not None else list(map(_arg_key, pairs))
         cache = self._args_cache
         arg = values.arg_text
         try:  # C loops: no Python code per row
-            texts = list(map(cache.get, pairs))
+            texts = list(map(cache.get, keys))
             if None in texts:  # sets not seen before: each formatted once
-                new = dict.fromkeys([p for p, t in zip(pairs, texts) if t is None])
+                new = dict.fromkeys([k for k, t in zip(keys, texts) if t is None])
                 if len(cache) + len(new) > 65536:
                     cache.clear()  # the program's args vary without end: start over
-                for p in new:
-                    cache[p] = ", ".join(arg(i, v) for i, v in p).encode("utf-8", "replace")
-                texts = list(map(cache.get, pairs))
+                for k in new:
+                    cache[k] = ", ".join(arg(i, v) for i, v in k[0]).encode("utf-8", "replace")
+                texts = list(map(cache.get, keys))
         except TypeError:  # an unhashable value: each row on its own
             texts = [None] * len(pairs)
-            for k, p in enumerate(pairs):
+            for j, k in enumerate(keys):
                 try:
-                    text = cache.get(p)
+                    text = cache.get(k)
                 except TypeError:
                     text = None
                 if text is None:
-                    text = ", ".join(arg(i, v) for i, v in p).encode("utf-8", "replace")
+                    text = ", ".join(arg(i, v) for i, v in k[0]).encode("utf-8", "replace")
                     try:
                         if len(cache) >= 65536:
                             cache.clear()
-                        cache[p] = text
+                        cache[k] = text
                     except TypeError:
                         pass
-                texts[k] = text
+                texts[j] = text
         if len(rows) == n:
             return _utf8(np, texts)
         items = np.full(n, None, dtype=object)
@@ -625,6 +630,20 @@ class _Strings:
         np.cumsum(lens, out=offsets[1:], dtype=np.int32)
         data = b"".join(self.table.take(idx).tolist())
         return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
+
+
+def _arg_key(pairs: Any) -> tuple:
+    """The args cache's key of a set of (name, value) pairs (the twin of the native core's
+    arg_keys): the set, then each value's type, or its bits when it is a float."""
+    if pairs.__class__ is not tuple:
+        return (pairs,)
+    return (pairs, *[
+        _F64_BITS(v) if v.__class__ is float else type(v)
+        for v in (p[1] if p.__class__ is tuple and len(p) == 2 else p for p in pairs)
+    ])  # fmt: skip
+
+
+_F64_BITS = struct.Struct("<d").pack
 
 
 def _utf8(np: Any, items: list) -> Any:
