@@ -50,7 +50,7 @@ from array import array
 from collections import deque
 from typing import Any
 
-from . import _report, packs, state
+from . import _report, packs, safefs, state
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 NAME_MAX = 200  # bytes; file systems allow 255
@@ -311,7 +311,7 @@ class PyQueue:
         head = packs.entry_head(kind, bname, payload)
         total = len(head) + len(bname) + len(payload)
         try:
-            _write_all(self._pack_fd, [head, bname, payload], total)
+            safefs.write_all_v(self._pack_fd, [head, bname, payload])
         except OSError:
             # Never leave a partial entry in front of later ones: cut it off, or start anew.
             try:
@@ -399,33 +399,13 @@ def _open_pack(dirfd: int, host: str, q: Any) -> int:
         os.close(pdfd)
 
 
-def _write_all(fd: int, parts: list, total: int) -> None:
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    done = 0
-    while done < total:
-        n = os.writev(fd, views)
-        if n == 0:
-            raise OSError(28, "No space left on device")
-        done += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if n:
-            views[0] = views[0][n:]
-
-
 def _write_file(dirfd: int, name: str, data: bytes) -> None:
     tmp = "." + name + ".tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
     fd = os.open(tmp, flags, 0o600, dir_fd=dirfd)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                if n == 0:
-                    raise OSError(28, "No space left on device")
-                view = view[n:]
+            safefs.write_all(fd, data)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)

@@ -209,12 +209,7 @@ class RunDir:
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
     """os.write until everything is written (a short write on a full disk raises ENOSPC)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
+    write_all_v(fd, [data])
 
 
 #: The most buffers one writev takes (Linux's IOV_MAX).

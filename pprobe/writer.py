@@ -446,7 +446,6 @@ class Writer:
         # 0.0 == -0.0, but their texts differ
         keys = native.arg_keys(pairs) if native is not None else list(map(_arg_key, pairs))
         cache = self._args_cache
-        arg = values.arg_text
         try:  # C loops: no Python code per row
             texts = list(map(cache.get, keys))
             if None in texts:  # sets not seen before: each formatted once
@@ -454,7 +453,7 @@ class Writer:
                 if len(cache) + len(new) > 65536:
                     cache.clear()  # the program's args vary without end: start over
                 for k in new:
-                    cache[k] = ", ".join(arg(i, v) for i, v in k[0]).encode("utf-8", "replace")
+                    cache[k] = _arg_bytes(k[0])
                 texts = list(map(cache.get, keys))
         except TypeError:  # an unhashable value: each row on its own
             texts = [None] * len(pairs)
@@ -464,7 +463,7 @@ class Writer:
                 except TypeError:
                     text = None
                 if text is None:
-                    text = ", ".join(arg(i, v) for i, v in k[0]).encode("utf-8", "replace")
+                    text = _arg_bytes(k[0])
                     try:
                         if len(cache) >= 65536:
                             cache.clear()
@@ -573,17 +572,16 @@ class Writer:
 
 
 class _Strings:
-    """records.strings as UTF-8, for string columns made from string ids in bulk: a NumPy
-    object array of the encoded strings (index 0: b"", for null; id i at i + 1) and their
+    """records.strings as UTF-8, for string columns made from string ids in bulk: a list of
+    the encoded strings (index 0: b"", for null; id i at i + 1) and an int64 array of their
     lengths. A column's offsets are the cumulative lengths of its ids; its bytes are the
-    strings taken by id (``take``) and joined by ``bytes.join``: C loops over the rows, no
-    Python code per row, and no Python int made for any."""
+    strings taken by id and joined: the native core's utf8_column, or ``bytes.join`` (C
+    loops over the rows either way, no Python code per row, no Python int made for any)."""
 
     def __init__(self) -> None:
         self.count = 0
-        self.table: Any = None  # object array: b"", then each string's UTF-8 bytes
+        self.items: list[bytes] = [b""]  # b"", then each string's UTF-8 bytes
         self.lens: Any = None  # int64 array: their lengths
-        self.items: list[bytes] = [b""]  # the same bytes, for the native core's utf8_column
 
     def refresh(self) -> None:
         import numpy as np
@@ -591,21 +589,16 @@ class _Strings:
         n = len(records.strings)
         if n == self.count:
             return
-        if self.table is None or len(self.table) < n + 1:
-            cap = max(2 * (n + 1), 1024)
-            table = np.empty(cap, dtype=object)
-            lens = np.zeros(cap, dtype=np.int64)
-            table[0] = b""
-            if self.table is not None:
-                table[: self.count + 1] = self.table[: self.count + 1]
+        if self.lens is None or len(self.lens) < n + 1:
+            lens = np.zeros(max(2 * (n + 1), 1024), dtype=np.int64)
+            if self.lens is not None:
                 lens[: self.count + 1] = self.lens[: self.count + 1]
-            self.table, self.lens = table, lens
-        table, lens = self.table, self.lens
+            self.lens = lens
+        lens, items = self.lens, self.items
         for i in range(self.count, n):  # once per string
             e = records.strings[i].encode("utf-8", "replace")
-            table[i + 1] = e
+            items.append(e)
             lens[i + 1] = len(e)
-            self.items.append(e)
         self.count = n
 
     def gather(self, ids: Any) -> Any:
@@ -617,10 +610,11 @@ class _Strings:
             return A.strings(np, np.zeros(1, dtype=np.int32), b"")
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:  # one value (status "ok", device "cpu", no module)
-            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.table[lo + 1], n)
+            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.items[lo + 1], n)
         native = core.native
         if native is not None:  # the same buffers, in C
-            k, bitmap, offsets, data = native.utf8_column(self.items, ids.astype(np.int64))
+            ids64 = np.ascontiguousarray(ids, dtype=np.int64)
+            k, bitmap, offsets, data = native.utf8_column(self.items, ids64)
             return A.Column(n, k, [bitmap, offsets, data])
         idx = ids + 1  # null (-1) -> b""
         lens = self.lens[idx]
@@ -628,8 +622,13 @@ class _Strings:
             raise ValueError("a string column of 2 GiB or more in one batch")
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lens, out=offsets[1:], dtype=np.int32)
-        data = b"".join(self.table.take(idx).tolist())
+        data = b"".join(list(map(self.items.__getitem__, idx.tolist())))
         return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
+
+
+def _arg_bytes(pairs: Any) -> bytes:
+    """The args text of one call's (name, value) pairs, UTF-8 (values.arg_text)."""
+    return ", ".join([values.arg_text(i, v) for i, v in pairs]).encode("utf-8", "replace")
 
 
 def _arg_key(pairs: Any) -> tuple:
