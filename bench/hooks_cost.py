@@ -2,13 +2,18 @@
 SystemMonitor at frequency 10 and a no-op hook (the machinery).
 
 python -m bench.hooks_cost [--children 4] [--pairs 30] [--block 100] [--only noop,time_sys]
+                           [--emit zero,bench]
 
 Method: measured inside each child, not between children. A child (native engine, log mode,
 one torch thread) installs the variant's hooks, then runs ``pairs`` pairs of blocks of
-``block`` SGD steps: one block with the hook machinery in place (the hooks live, the bench's
-``before_step`` / ``after_step`` emits around every step as zero-code emission makes them,
-zero-code detection's step listeners and its optimizer pre-hook) and one with all of it taken
-away, in alternating order (off-on, on-off, ...). Each block is timed on the main thread's CPU
+``block`` SGD steps: one block with the hook machinery in place (the hooks live, zero-code
+detection's step listeners and its optimizer pre-hook) and one with all of it taken away, in
+alternating order (off-on, on-off, ...). ``--emit`` says who emits the points in the "on"
+blocks: ``zero``, zero-code detection from the optimizer's steps, unclaimed (what a plain loop
+with hooks from pprobe.toml runs: a point no hook fires at costs a ``calls_none`` check, no
+emit; the issue's target is read from this one), and ``bench``, the loop's own
+``before_step`` / ``after_step`` emits around every step with the points claimed (what a
+framework integration's callback does). Each block is timed on the main thread's CPU
 clock (``time.thread_time``). The figure is the median over every pair of ``on / off - 1``,
 with a bootstrap 95 % interval over the pairs of all ``children`` children (run one variant
 after the other, rotating the order per child round).
@@ -31,6 +36,7 @@ import argparse
 from .harness import Variant, median, paired_ci, run_child
 
 TARGETS = {"time_sys": 0.02}
+EMITS = {"zero": "zero-code", "bench": "every step"}
 NAMES = {"noop": "no-op hook (the machinery)", "time_sys": "TimeTracking+SystemMonitor f=10"}
 
 
@@ -41,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=30, help="on/off block pairs per child")
     p.add_argument("--block", type=int, default=100, help="SGD steps per block")
     p.add_argument("--only", default="noop,time_sys", help="variants, comma-separated")
+    p.add_argument("--emit", default="zero,bench",
+                   help="who emits the points, comma-separated: zero (zero-code detection "
+                        "from the optimizer's steps, what a plain loop runs) and bench (the "
+                        "loop itself at every step, points claimed, as an integration's "
+                        "callback does)")  # fmt: skip
     p.add_argument("--micro", action="store_true",
                    help="the machinery's direct cost per step instead (time.thread_time "
                         "over 20000 calls in one child per variant)")  # fmt: skip
@@ -50,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
     import tempfile
 
-    kinds = [k for k in a.only.split(",") if k]
+    kinds = [f"{k}@{e}" for e in a.emit.split(",") if e for k in a.only.split(",") if k]
     args = {"clock": "cpu", "torch_threads": 1, "warmup": 20, "block": a.block, "pairs": a.pairs}
     ratios: dict[str, list[float]] = {k: [] for k in kinds}
     off_block: dict[str, list[float]] = {k: [] for k in kinds}
@@ -58,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     loads = [os.getloadavg()[0]]
     for c in range(a.children):
         for k in kinds[c % len(kinds) :] + kinds[: c % len(kinds)]:
+            hook, emit = k.split("@")
             v = Variant(f"log + {k} (native)", probe=True, env={"PPROBE_MODE": "log"},
-                        args={"hooks_ab": k}, needs_torch=True, engine="native")  # fmt: skip
+                        args={"hooks_ab": hook, "hooks_emit": emit}, needs_torch=True,
+                        engine="native")  # fmt: skip
             with tempfile.TemporaryDirectory(prefix="pprobe-bench-") as out_dir:
                 o = run_child("mlp_torch", args, v, out_dir)
             if o.status != "ok":
@@ -77,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     for k in kinds:
         r = ratios[k]
         lo, hi = paired_ci(r, [0.0] * len(r))
-        line = (f"  {NAMES.get(k, k):<34} main thread {median(r) * 100:+.2f} % (95 % interval "
+        hook, emit = k.split("@")
+        line = (f"  {NAMES.get(hook, hook):<30} {EMITS[emit]:<10} main thread "
+                f"{median(r) * 100:+.2f} % (95 % interval "
                 f"{lo * 100:+.2f} to {hi * 100:+.2f} %, {len(r)} pairs; "
                 f"off: {median(off_block[k]) / a.block * 1e3:.3f} ms/step)")  # fmt: skip
-        if k in TARGETS:
-            line += f", target <= +{TARGETS[k] * 100:.0f} %"
+        if hook in TARGETS:
+            line += f", target <= +{TARGETS[hook] * 100:.0f} %"
         if sampler[k]:
             line += f"; sampler thread {median(sampler[k]) * 100:.2f} % of a core"
         print(line)

@@ -71,6 +71,10 @@ _HOOKS = ARGS.get("hooks")  # the built-in hooks' cost (bench/hooks_cost.py)
 _AB = ARGS.get("hooks_ab")
 _HOOKS = _HOOKS or _AB
 _live = bool(_HOOKS)  # whether step() emits the points (off in the "off" blocks of hooks_ab)
+#: hooks_emit: who emits the points. "bench": step() below, every step, the points claimed
+#: (what a framework integration's callback does); "zero": zero-code detection from the
+#: optimizer's steps, unclaimed (what a plain loop with hooks from pprobe.toml runs)
+_ZERO = ARGS.get("hooks_emit", "bench") == "zero"
 if _HOOKS:
     from pprobe import hooks as _ph
     from pprobe.hooks import builtin as _bi
@@ -101,19 +105,20 @@ if _HOOKS:
 
     _lc.activate()  # what the first add() does (idempotent)
     _ph.register_service("optimizer", opt)
-    _ph.claim("bench")  # the points come from step() below, not zero-code detection
-    _ph.emit("before_training", source="bench", model=model)
+    if not _ZERO:
+        _ph.claim("bench")  # the points come from step() below, not zero-code detection
+        _ph.emit("before_training", source="bench", model=model)
 
 
 def step(i: int) -> float:
     xb, yb = data[i % len(data)]
-    if _live:  # what zero-code emission does at each step
+    if _live and not _ZERO:  # what an integration's callback does at each step
         _ph.emit("before_step", source="bench", step=i, model=model)
     opt.zero_grad()
     loss = F.cross_entropy(model(xb), yb)
     loss.backward()
     opt.step()
-    if _live:
+    if _live and not _ZERO:
         _ph.emit("after_step", source="bench", step=i, model=model)
     return loss
 
