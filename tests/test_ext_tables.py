@@ -310,6 +310,34 @@ def test_reserved_and_bad_rows() -> None:
         tables.record("t_bad", [1])
 
 
+def test_record_keeps_its_calls_values_and_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """record() defers the standard columns off the program's thread: the rows still hold
+    the values, step and rank of the call (the program's dict changed later, or the step
+    moved, changes nothing), in the order recorded, and the taps get them as rows."""
+    from pprobe import state
+
+    tables.clear_rows()
+    seen: list[tuple[str, int]] = []
+    monkeypatch.setattr(tables, "taps", [lambda t, rows: seen.append((t, len(rows)))])
+    monkeypatch.setattr(state, "step", 41)
+    row = {"loss": 1.5, "tags": "a"}
+    rows = [{"k": 1}, {"k": 2}]
+    tables.record("t_deferred", row)
+    tables.record("t_deferred", rows)
+    row["loss"] = -1.0
+    rows[0]["k"] = 99
+    monkeypatch.setattr(state, "step", 42)
+    tables.record("t_deferred", {"loss": 2.5})
+    assert tables.pending.get("t_deferred") is None  # nothing done on the caller's thread
+    tables._drain()
+    got = tables.pending.pop("t_deferred")
+    assert [(r["step"], r.get("loss"), r.get("k")) for r in got] == [
+        (41, 1.5, None), (41, None, 1), (41, None, 2), (42, 2.5, None)]  # fmt: skip
+    assert got[0]["ts_ns"] <= got[1]["ts_ns"] <= got[3]["ts_ns"]
+    assert seen == [("t_deferred", 1), ("t_deferred", 2), ("t_deferred", 1)]
+    assert tables._recorded == []
+
+
 if os.name != "posix":  # pragma: no cover
     pytest.skip("fork", allow_module_level=True)
 

@@ -89,6 +89,10 @@ taps: list[Callable[[str, list[dict[str, Any]]], None]] = []
 _todo: list[Source] = []
 #: Sampled values not yet made rows: (step, rank, ts_ns, [(source, value), ...]).
 _raw: list[tuple[int, Any, int, list[tuple[Source, Any]]]] = []
+#: Rows recorded on the program's thread (``pprobe.record``, the built-in hooks), not yet
+#: given their standard columns: (table, rows, step, rank, ts_ns). :func:`_take_recorded`
+#: makes them rows of ``pending`` (and hands them to the taps) off that thread.
+_recorded: list[tuple[str, list[dict[str, Any]], int, Any, int]] = []
 _steps_seen = 0
 _every: int | None = None
 _active = False
@@ -170,11 +174,37 @@ def _sources_changed() -> None:
 
 def record(table: str, row: Any) -> None:
     """Append a row (a dict) or rows (a list of dicts, a DataFrame, an Arrow table) to
-    python.table now, with the current step and time."""
+    python.table now, with the current step and time.
+
+    The rows are checked and copied here (the program may change its dicts later); their
+    standard columns are added off the program's thread (:func:`_take_recorded`)."""
     check_name(table)
     rows = _rows_of(table, row)
-    _add(table, rows)
+    if rows:
+        defer(table, [dict(r) for r in rows] if isinstance(row, (dict, list, tuple)) else rows)
     _activate()
+
+
+def defer(table: str, rows: list[dict[str, Any]]) -> None:
+    """Rows (dicts with str keys, under a valid name, not changed after this call) into
+    python.table with the current step, rank and time: one append on the caller's thread.
+    They become rows of ``pending`` at the next :func:`_drain` or flush."""
+    _recorded.append((table, rows, state.step, state.rank, time.time_ns()))
+
+
+def _take_recorded() -> None:
+    """The deferred rows (:func:`defer`) with their standard columns, into ``pending`` and
+    the taps, in the order they were recorded."""
+    if not _recorded:
+        return
+    with _lock:
+        batch = _recorded[:]
+        del _recorded[: len(batch)]  # list ops are atomic: a concurrent defer() is kept
+    std0 = _std()
+    run_id, pid = std0["run_id"], std0["pid"]
+    for table, rows, step, rank, ts_ns in batch:
+        std = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
+        _add_rows(table, [{**std, **r} for r in rows])  # the user's column wins over pprobe's
 
 
 def record_custom_data(data: Any, table: str = "custom_data") -> None:
@@ -647,6 +677,7 @@ def _drain() -> None:
     """Turn the sampled values waiting in ``_raw`` into rows of ``pending``: one hand-off
     per table for the whole batch. The exporters' taps still get each sampled step's rows
     apart (a step's tables, then its metrics), as :func:`_add_rows` gives them."""
+    _take_recorded()
     batch = _take_raw()
     if not batch:
         return
@@ -858,6 +889,7 @@ def clear_rows() -> None:
     """Forget the rows not yet written: sampled values, pending rows, rows kept in memory."""
     with _lock:
         _raw.clear()
+        _recorded.clear()
         pending.clear()
         pending_cols.clear()
         memory.clear()
@@ -990,6 +1022,7 @@ def flush() -> None:
     s = _session()
     built: dict[str, Any] = {}
     if s is not None and not taps:
+        _take_recorded()
         batch = _take_raw()
         if batch:
             # under _write_lock: the first build imports numpy and pyarrow, and a fork waits

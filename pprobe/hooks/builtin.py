@@ -43,7 +43,7 @@ def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
     table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
     t = _ext_tables()
-    t._add(table, [rows] if type(rows) is dict else rows)
+    t.defer(table, [rows] if type(rows) is dict else rows)
     t._activate()
 
 
