@@ -4,6 +4,7 @@ training thread) and, with ``--only gradflow,gradflow_ref,gradflow_copy``, the s
 thread's hand-offs by reference and by copy.
 
 python -m bench.gradflow_cost [--children 3] [--quads 6] [--block 100] [--only gradflow]
+                              [--emit zero|bench]
 
 Method (as bench/ext_cost.py and bench/hooks_cost.py): a child (native engine, log mode, one
 torch thread) installs the hook, then runs ``quads`` quads of ``block``-step blocks with the
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quads", type=int, default=6, help="on-off-off-on quads per child")
     p.add_argument("--block", type=int, default=100, help="SGD steps per block")
     p.add_argument("--only", default="gradflow", help="variants, comma-separated")
+    p.add_argument("--emit", default="zero", choices=("zero", "bench"),
+                   help="who emits the points: zero-code detection from the optimizer's "
+                        "steps (what a plain loop runs), or the loop at every step with the "
+                        "points claimed (an integration's callback): bench.hooks_cost")  # fmt: skip
     a = p.parse_args(argv)
     import tempfile
 
@@ -62,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in range(a.children):
         for k in kinds[c % len(kinds) :] + kinds[: c % len(kinds)]:
             v = Variant(f"log + {k} alternating (native)", probe=True,
-                        env={"PPROBE_MODE": "log"}, args={"hooks_ab": k, **args},
+                        env={"PPROBE_MODE": "log"},
+                        args={"hooks_ab": k, "hooks_emit": a.emit, **args},
                         needs_torch=True, engine="native")  # fmt: skip
             with tempfile.TemporaryDirectory(prefix="pprobe-bench-") as out_dir:
                 o = run_child("mlp_torch", {}, v, out_dir)
@@ -78,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                 g["off_us"].append(sum(b[0] for b in b_off) / (2 * a.block) * 1e6)
             g["dropped"].append(o.data.get("dropped_steps", 0))
             loads.append(os.getloadavg()[0])
-    print(f"torch MLP, SGD steps on one torch thread, log mode, native engine: {a.children} "
+    print(f"torch MLP, SGD steps on one torch thread, log mode, native engine, points emitted "
+          f"by {'zero-code detection' if a.emit == 'zero' else 'the loop'}: {a.children} "
           f"children x {a.quads} quads of {a.block}-step blocks, hooks on / off in one child; "
           f"load average {min(loads):.2f}..{max(loads):.2f} (1 min)")  # fmt: skip
     for k in kinds:

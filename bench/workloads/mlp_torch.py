@@ -178,6 +178,19 @@ def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
     out["msprobe"] = {"task": task, "level": "L1"}
 
 
+def _flush_op_log() -> None:
+    """The op log's flush now, on the calling thread (as ``pprobe-writer`` makes it every
+    ``flush_seconds``). The A/B benches end every block with it, inside the block's timing:
+    each block then pays for writing its own rows. Left to the writer's timer, a flush (~15-20
+    ms on this MLP, one per second) lands in whichever block is running and moves that
+    quad's process-CPU ratio by several %."""
+    from pprobe.session import Session
+
+    s = Session.active
+    if s is not None:
+        s.writer.flush()
+
+
 def alternate(out: dict[str, Any]) -> None:
     """The extension API's cost measured inside one process (bench/ext_cost.py): blocks of
     ``block_steps`` steps with the table and metric registered ("on") and unregistered ("off"),
@@ -186,7 +199,7 @@ def alternate(out: dict[str, Any]) -> None:
     thread runs it (the main thread waits, using no CPU): making and writing an "on" block's
     rows is counted in that block's process CPU, not in its main thread's. Each block gives
     the main thread's CPU time and the process's CPU time (every thread: pprobe's op writer,
-    the tables' flush)."""
+    the tables' flush). The op log is flushed there too (:func:`_flush_op_log`)."""
     import queue
     import threading
 
@@ -198,6 +211,7 @@ def alternate(out: dict[str, Any]) -> None:
     def flusher() -> None:  # one thread for the whole run, like pprobe-ext
         while asks.get():
             ext_tables.flush()
+            _flush_op_log()
             done.put(1)
 
     threading.Thread(target=flusher, daemon=True).start()
@@ -303,9 +317,10 @@ def run_ab_quads(out: dict[str, Any]) -> None:
     off-on-on-off, ... Each block ends with a settle inside its timing: the hand-offs the
     statistics thread has not computed yet are computed on another thread (as the
     ``pprobe-gradflow`` thread would; the main thread waits, using no CPU), the training
-    thread verifies them (``_verify``) and the python tables are flushed on that other thread
-    (as ``pprobe-ext`` would): an "on" block's statistics, rows and their write are in its
-    process CPU. Per block: [main thread CPU, process CPU, wall] seconds."""
+    thread verifies them (``_verify``) and the python tables and the op log are flushed on
+    that other thread (as ``pprobe-ext`` and ``pprobe-writer`` would): an "on" block's
+    statistics, rows and their write are in its process CPU. Per block: [main thread CPU,
+    process CPU, wall] seconds."""
     import queue
     import threading
 
@@ -327,6 +342,7 @@ def run_ab_quads(out: dict[str, Any]) -> None:
                     h._write_ready()
             if kind == 2:
                 ext_tables.flush()
+                _flush_op_log()
             done.put(1)
 
     threading.Thread(target=settler, daemon=True).start()
