@@ -217,3 +217,55 @@ def test_gradient_flow_hand_offs_waiting_together_give_each_steps_rows(
         assert r["max_abs"] == pytest.approx(float(np.abs(g).max()), rel=1e-6)
         assert r["mean"] == pytest.approx(float(g.mean()), rel=1e-4, abs=1e-7)
     assert h.dropped_steps == 0
+
+
+def test_idle_points_are_neither_called_nor_built_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    log: list[Any] = []
+    monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
+    monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "started", True)
+    h = ph.add(Rec(log, name="r"))
+    for s in range(4):
+        h.idle_points = frozenset(["after_step"]) if s % 2 else None
+        assert dispatch.calls_none("after_step", s) == bool(s % 2)
+        lifecycle._open_step(s)
+        lifecycle._on_step_ending(s, s + 1)
+    ph.emit("after_step", step=9)  # an integration's emit: skipped too while idle
+    want = [(0, "before_step"), (0, "after_step"), (1, "before_step"), (2, "before_step"),
+            (2, "after_step"), (3, "before_step")]  # fmt: skip
+    assert log == [("r", p, s) for s, p in want]
+    assert built == ["ctx", "metrics", "ctx", "ctx"] * 2
+
+
+def test_gradient_flow_after_step_idles_only_once_its_pre_hook_took_the_step() -> None:
+    """After the optimizer pre-hook computed a step's rows on the training thread, that
+    step's after_step is idle (no emit); a step whose ``optimizer.step()`` never ran (a
+    GradScaler skipping it) keeps its after_step, which takes the grads as they are."""
+    torch = pytest.importorskip("torch")
+    from pprobe.ext import tables
+    from pprobe.hooks.builtin import GradientFlowHook
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = ph.add(GradientFlowHook(frequency=1, async_cpu=False))
+    dispatch.register_service("optimizer", opt)
+    tables.clear_rows()
+    try:
+        for s in range(3):
+            ph.emit("before_step", step=s, model=model)
+            assert h.idle_points is None
+            opt.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            if s != 1:  # step 1: optimizer.step() skipped
+                opt.step()
+            assert dispatch.calls_none("after_step", s) == (s != 1)
+            ph.emit("after_step", step=s, model=model)
+        tables._cols_to_rows()
+        got = sorted((r["step"], r["param"]) for r in tables.pending.get("gradient_flow", []))
+        assert got == [(s, p) for s in range(3) for p in ("bias", "weight")]
+    finally:
+        tables.clear_rows()
+        h.cleanup()

@@ -43,6 +43,11 @@ class BaseHook:
         # failures / off: the isolation counters dispatch keeps (switched off after repeats)
         self.failures = 0
         self.off = False
+        #: Points this hook has nothing to do at for now (a set of point names, or None):
+        #: they are not called, and zero-code detection builds no context for them. The hook
+        #: keeps it up to date itself (GradientFlowHook skips an ``after_step`` whose
+        #: gradients its optimizer pre-hook has already taken).
+        self.idle_points: frozenset[str] | None = None
 
     # -- when ---------------------------------------------------------------------------
     def should_trigger(self, step: int) -> bool:

@@ -428,6 +428,7 @@ class SystemMonitorHook(BaseHook):
 
 
 # ---------------------------------------------------------------------- GradientFlowHook
+_AFTER_STEP = frozenset(["after_step"])
 #: The statistics GradientFlowHook computes per parameter, in its table's column order.
 GRAD_STATS = ("norm", "max_abs", "mean", "zero_frac", "nan_count", "inf_count")
 
@@ -645,6 +646,7 @@ class GradientFlowHook(BaseHook):
                 or self._opt() is not self._hooked:  # fmt: skip
             self._install(model if model is not None else self.get_service("model"))
         self._armed = step if self._hooked is not None else None
+        self.idle_points = None  # this step's after_step is wanted until _pre has taken it
 
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         """The optimizer's step pre-hook: the grads as the step will use them."""
@@ -655,6 +657,11 @@ class GradientFlowHook(BaseHook):
             self._verify()  # also here: a loop that never emits after_step still verifies
             self._compute(step, [p for g in opt.param_groups for p in g["params"]])
             self._captured = step
+            if not (self._inflight or self._unverified or self._jobs or self._ready
+                    or self._last is not None):  # fmt: skip
+                # the rows are written and nothing waits for a later look: this step's
+                # after_step has nothing to do (no emit, no context; before_step clears it)
+                self.idle_points = _AFTER_STEP
 
     def _param_name(self, p: Any, i: int) -> str:
         return self._names.get(id(p)) or f"param{i}"

@@ -137,14 +137,17 @@ def _kind(cls: type) -> tuple[frozenset[str], bool]:
 
 def calls_none(point: str, at: int) -> bool:
     """Whether the step or epoch point ``point`` at count ``at`` would call no hook: every
-    live hook is off, has no method for it, or has BaseHook's ``should_trigger`` and
-    ``at % frequency`` is not 0. A hook with its own ``should_trigger`` counts as called (it
-    is asked once, by :func:`emit`). Zero-code detection skips building the point's context
-    (model, metrics) and the emit when this is True."""
+    live hook is off, has no method for it, holds it in its ``idle_points``, or has
+    BaseHook's ``should_trigger`` and ``at % frequency`` is not 0. A hook with its own
+    ``should_trigger`` counts as called (it is asked once, by :func:`emit`). Zero-code
+    detection skips building the point's context (model, metrics) and the emit when this is
+    True."""
     for hook in tuple(_hooks):
         own, plain = _kinds.get(type(hook)) or _kind(type(hook))
         d = getattr(hook, "__dict__", _NO_DICT)
-        if getattr(hook, "off", False) or (point not in own and point not in d):
+        idle = d.get("idle_points")
+        if (getattr(hook, "off", False) or (point not in own and point not in d)
+                or (idle and point in idle)):  # fmt: skip
             continue
         if not plain or "should_trigger" in d:
             return False
@@ -189,7 +192,9 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
         # one class lookup (_kind), and the instance's own dict for what it sets itself
         own, plain = _kinds.get(type(hook)) or _kind(type(hook))
         d = getattr(hook, "__dict__", _NO_DICT)
-        if getattr(hook, "off", False) or (point not in own and point not in d):
+        idle = d.get("idle_points")
+        if (getattr(hook, "off", False) or (point not in own and point not in d)
+                or (idle and point in idle)):  # fmt: skip
             continue
         if at is not None:
             try:
