@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pprobe import _report
 from pprobe import hooks as ph
 from pprobe.hooks import BaseHook, dispatch, lifecycle
 
@@ -252,20 +253,100 @@ def test_gradient_flow_after_step_idles_only_once_its_pre_hook_took_the_step() -
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     h = ph.add(GradientFlowHook(frequency=1, async_cpu=False))
     dispatch.register_service("optimizer", opt)
+    ph.claim("test")  # the points are this loop's (an integration's), not zero-code's
     tables.clear_rows()
     try:
         for s in range(3):
-            ph.emit("before_step", step=s, model=model)
+            ph.emit("before_step", source="test", step=s, model=model)
             assert h.idle_points is None
             opt.zero_grad()
             model(torch.ones(4, 3)).sum().backward()
             if s != 1:  # step 1: optimizer.step() skipped
                 opt.step()
             assert dispatch.calls_none("after_step", s) == (s != 1)
-            ph.emit("after_step", step=s, model=model)
+            ph.emit("after_step", source="test", step=s, model=model)
         tables._cols_to_rows()
         got = sorted((r["step"], r["param"]) for r in tables.pending.get("gradient_flow", []))
         assert got == [(s, p) for s in range(3) for p in ("bias", "weight")]
     finally:
         tables.clear_rows()
         h.cleanup()
+
+
+def test_gradient_flow_arms_itself_on_zero_code_steps_and_wakes_for_a_new_optimizer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With zero-code detection making the steps, GradientFlow's before_step and after_step
+    go idle after the first step it takes: its optimizer pre-hook takes each step that
+    zero-code detection opened (every ``frequency`` steps), with the same rows. A new
+    optimizer (a new ``optimizer`` service) wakes them, and the hook follows it."""
+    torch = pytest.importorskip("torch")
+    from pprobe import recorder, state
+    from pprobe.ext import tables
+    from pprobe.hooks.builtin import GradientFlowHook
+
+    monkeypatch.setattr(state, "step", 0)
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "pending", None)
+    monkeypatch.setattr(lifecycle, "started", False)
+    monkeypatch.setattr(lifecycle, "_optimizer", None)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opts = [torch.optim.SGD(model.parameters(), lr=0.1) for _ in range(2)]
+    h = ph.add(GradientFlowHook(frequency=2, async_cpu=False))
+    befores: list[int] = []
+    real_before = h.before_step
+    h.before_step = lambda step, model=None: befores.append(step) or real_before(step, model)  # type: ignore[method-assign]
+    dispatch.register_service("model", model)
+    lifecycle.activate()
+    tables.clear_rows()
+    try:
+        for s in range(8):
+            opt = opts[s >= 4]  # a second optimizer from step 4 on
+            if s:
+                recorder.set_step(s)  # what the probe's optimizer post-hook does
+            opt.zero_grad()
+            model(torch.full((4, 3), float(s + 1))).sum().backward()
+            opt.step()
+            if s == 1:
+                assert h.idle_points == frozenset(["before_step", "after_step"])
+        tables._cols_to_rows()
+        got = sorted((r["step"], r["param"]) for r in tables.pending.get("gradient_flow", []))
+        assert got == [(s, p) for s in (0, 2, 4, 6) for p in ("bias", "weight")]
+        assert befores == [0, 4]  # the first step, and the new optimizer's first
+        assert h._hooked is opts[1]
+    finally:
+        tables.clear_rows()
+        h.cleanup()
+
+
+def test_a_failing_gradient_flow_pre_hook_never_breaks_the_optimizer_step(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    from pprobe.hooks.builtin import GradientFlowHook
+
+    monkeypatch.setattr(_report, "_seen", set())
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = ph.add(GradientFlowHook(frequency=1, async_cpu=False))
+    dispatch.register_service("optimizer", opt)
+    ph.claim("test")
+
+    def boom(step: int, params: list[Any]) -> None:
+        raise RuntimeError("statistics failed")
+
+    h._compute = boom  # type: ignore[method-assign]
+    want = model.weight.detach().clone()
+    for s in range(dispatch.MAX_FAILURES + 2):
+        ph.emit("before_step", source="test", step=s, model=model)
+        opt.zero_grad()
+        model(torch.ones(4, 3)).sum().backward()
+        opt.step()  # never raises
+        with torch.no_grad():
+            want -= 0.1 * model.weight.grad
+    assert torch.equal(model.weight.detach(), want)
+    assert h.off and h.failures == dispatch.MAX_FAILURES
+    err = capsys.readouterr().err
+    assert "optimizer pre-hook" in err and "statistics failed" in err
+    h.cleanup()

@@ -429,6 +429,7 @@ class SystemMonitorHook(BaseHook):
 
 # ---------------------------------------------------------------------- GradientFlowHook
 _AFTER_STEP = frozenset(["after_step"])
+_STEP_POINTS = frozenset(["before_step", "after_step"])
 #: The statistics GradientFlowHook computes per parameter, in its table's column order.
 GRAD_STATS = ("norm", "max_abs", "mean", "zero_frac", "nan_count", "inf_count")
 
@@ -617,6 +618,7 @@ class GradientFlowHook(BaseHook):
         self._names: dict[int, str] = {}
         self._model: Any = None
         self._layout: tuple[Any, list[Any]] | None = None
+        self._zero_code = False  # the last before_step came from zero-code detection
 
     def _opt(self) -> Any:
         return self.optimizer if self.optimizer is not None else self.get_service("optimizer")
@@ -647,21 +649,68 @@ class GradientFlowHook(BaseHook):
             self._install(model if model is not None else self.get_service("model"))
         self._armed = step if self._hooked is not None else None
         self.idle_points = None  # this step's after_step is wanted until _pre has taken it
+        lc = sys.modules.get("pprobe.hooks.lifecycle")
+        self._zero_code = lc is not None and lc.opening == step
 
     def _pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        """The optimizer's step pre-hook: the grads as the step will use them."""
+        """The optimizer's step pre-hook: the grads as the step will use them.
+
+        Armed by ``before_step`` with its step; or, while ``before_step`` is idle (zero-code
+        detection's steps, a steady CPU loop: see :meth:`_idle`), with the step zero-code
+        detection has just opened, when :meth:`should_trigger` says so. A failure is the
+        hook's (reported, counted, switched off after repeats), never the optimizer's."""
         step, self._armed = self._armed, None
         if step is None:
-            return
-        with state.internal():
-            self._verify()  # also here: a loop that never emits after_step still verifies
-            self._compute(step, [p for g in opt.param_groups for p in g["params"]])
-            self._captured = step
-            if not (self._inflight or self._unverified or self._jobs or self._ready
-                    or self._last is not None):  # fmt: skip
-                # the rows are written and nothing waits for a later look: this step's
-                # after_step has nothing to do (no emit, no context; before_step clears it)
-                self.idle_points = _AFTER_STEP
+            idle = self.idle_points
+            if not idle or "before_step" not in idle:
+                return
+            step = self._own_step()
+            if step is None:
+                return
+        try:
+            with state.internal():
+                self._verify()  # also here: a loop that never emits after_step still verifies
+                self._compute(step, [p for g in opt.param_groups for p in g["params"]])
+                self._captured = step
+                self.idle_points = self._idle()
+        except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
+            self.idle_points = None
+            from . import dispatch
+
+            dispatch._failed(self, "optimizer pre-hook", exc)
+
+    def _own_step(self) -> int | None:
+        """The step to take in the pre-hook while ``before_step`` is idle: the one zero-code
+        detection opened (its optimizer pre-hook runs before this one), when this hook is
+        live and fires at it; else None."""
+        from . import dispatch, lifecycle
+
+        step = lifecycle.open_step
+        if step is None or step == self._captured or self.off or self not in dispatch._hooks:
+            return None
+        try:
+            return step if self.should_trigger(step) else None
+        except Exception as exc:  # noqa: BLE001
+            self.idle_points = None
+            dispatch._failed(self, "should_trigger", exc)
+            return None
+
+    def _idle(self) -> frozenset[str] | None:
+        """The points idle after a step taken in the pre-hook. ``after_step``, when its rows
+        are written and nothing waits for a later look (no hand-off, no device copy);
+        ``before_step`` too when zero-code detection made this step's ``before_step`` (not a
+        framework's or the program's own emit), nothing has claimed the points and the
+        optimizer hooked is the ``optimizer`` service: the pre-hook then arms itself with
+        the steps zero-code detection opens. A new model or optimizer service wakes them
+        (dispatch.register_service)."""
+        if self._inflight or self._unverified or self._jobs or self._ready \
+                or self._last is not None:  # fmt: skip
+            return None
+        from . import dispatch
+
+        if self._zero_code and dispatch._claimed is None and self._hooked is self._opt():
+            return _STEP_POINTS
+        return _AFTER_STEP
 
     def _param_name(self, p: Any, i: int) -> str:
         return self._names.get(id(p)) or f"param{i}"

@@ -66,7 +66,16 @@ def remove(hook: Any) -> None:
             _hooks.remove(hook)
 
 
+#: Services whose change wakes every hook's idle points (a hook idle on its steps may hold
+#: state about them: GradientFlow's optimizer pre-hook).
+_WAKING = frozenset(["model", "optimizer"])
+
+
 def register_service(name: str, obj: Any) -> None:
+    if name in _WAKING and _services.get(name) is not obj:
+        for hook in tuple(_hooks):
+            if getattr(hook, "__dict__", _NO_DICT).get("idle_points"):
+                hook.idle_points = None
     _services[name] = obj
 
 

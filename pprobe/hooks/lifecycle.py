@@ -193,13 +193,22 @@ def _start() -> None:
     dispatch.emit("before_training", **_ctx())
 
 
+#: The step whose ``before_step`` this module is emitting now (else None): a hook can tell
+#: zero-code detection's points from a program's or an integration's own emits.
+opening: int | None = None
+
+
 def _open_step(n: int) -> None:
-    global open_step, steps_in_epoch, pending
+    global open_step, steps_in_epoch, pending, opening
     open_step, pending = n, None
     steps_in_epoch += 1
     dispatch.register_service("step", n)
     if _heard() and not dispatch.calls_none("before_step", n):
-        dispatch.emit("before_step", step=n, **_ctx())
+        opening = n
+        try:
+            dispatch.emit("before_step", step=n, **_ctx())
+        finally:
+            opening = None
 
 
 def _close_step() -> None:
