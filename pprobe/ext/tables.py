@@ -661,15 +661,14 @@ def sample(reason: str = "demand") -> None:
     finally:
         local.depth = saved
     if got_all:
-        item = (state.step, state.rank, time.time_ns(), got_all)
-        with _lock:
-            _raw.append(item)
+        # one list append, atomic under the GIL: no lock on the program's thread
+        _raw.append((state.step, state.rank, time.time_ns(), got_all))
 
 
 def _take_raw() -> list[tuple[int, Any, int, list[tuple[Source, Any]]]]:
-    with _lock:
-        batch = list(_raw)
-        _raw.clear()
+    with _lock:  # one taker at a time; a sample() appending meanwhile is kept for the next
+        batch = _raw[:]
+        del _raw[: len(batch)]
     return batch
 
 
@@ -852,7 +851,7 @@ def on_step(old: int, new: int) -> None:
     if _steps_seen % every:
         return
     saved = state.step
-    state.step = old
+    state.step = old  # what the functions record (pprobe.record in a @table) is in ``old``
     try:
         sample("step")
     finally:
