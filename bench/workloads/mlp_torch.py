@@ -15,6 +15,7 @@ suite passes ``requires``: without msprobe the child reports ``unavailable`` bef
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -178,6 +179,13 @@ def run_msprobe(task: str, folder: str, out: dict[str, Any]) -> None:
     out["msprobe"] = {"task": task, "level": "L1"}
 
 
+# The A/B benches (alternate, run_ab, run_ab_quads) collect garbage before each block,
+# outside its timing: the collector's counts then start at zero in every block, and a block
+# pays for the collections its own allocations trigger. Left alone, a full collection
+# (several ms in a torch program) lands in whichever block crosses the threshold, moving
+# that block by more than the differences looked for.
+
+
 def _flush_op_log() -> None:
     """The op log's flush now, on the calling thread (as ``pprobe-writer`` makes it every
     ``flush_seconds``). The A/B benches end every block with it, inside the block's timing:
@@ -227,6 +235,7 @@ def alternate(out: dict[str, Any]) -> None:
             else:
                 ext_tables.unregister("table", "training_state")
                 ext_tables.unregister("metric", "steps_seen")
+            gc.collect()  # every block starts from the same collector state (untimed)
             t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
             for _ in range(n):
                 step(i)
@@ -285,6 +294,7 @@ def run_ab(out: dict[str, Any]) -> None:
     for p in range(pairs):
         for state_on in (False, True) if p % 2 == 0 else (True, False):
             _hooks_on(state_on)
+            gc.collect()  # every block starts from the same collector state (untimed)
             t0 = time.thread_time()
             for _ in range(block):
                 step(i)
@@ -352,6 +362,7 @@ def run_ab_quads(out: dict[str, Any]) -> None:
     for q in range(quads):
         for kind in ("on", "off", "off", "on") if q % 2 == 0 else ("off", "on", "on", "off"):
             _gradflow_on(kind == "on")
+            gc.collect()  # every block starts from the same collector state (untimed)
             t0, p0, w0 = time.thread_time(), time.process_time(), time.perf_counter()
             for _ in range(block):
                 step(i)
