@@ -505,9 +505,12 @@ def test_rows_given_by_column_are_written_as_the_same_rows(tmp_path: Path) -> No
             builtin.record("by_rows", builtin.rows_of(cols))
             if k == 1:
                 tables.flush()
+        tables.flush()  # what a tap added now sees starts here
         seen = []
         tables.taps.append(lambda t, rows: seen.append((t, len(rows), rows[0]["param"])))
         builtin.record_columns("by_cols", {"hook": ["x"], "param": ["p"]})
+        assert seen == []  # the program's thread only appends; the drain makes the rows
+        tables._drain()
         print(seen)
         """,
         env={"PPROBE_MODE": "log"},

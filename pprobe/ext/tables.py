@@ -93,6 +93,9 @@ _raw: list[tuple[int, Any, int, list[tuple[Source, Any]]]] = []
 #: given their standard columns: (table, rows, step, rank, ts_ns). :func:`_take_recorded`
 #: makes them rows of ``pending`` (and hands them to the taps) off that thread.
 _recorded: list[tuple[str, list[dict[str, Any]], int, Any, int]] = []
+#: The same for rows given column by column (:func:`_add_columns`): (table, columns, step,
+#: rank, ts_ns).
+_recorded_cols: list[tuple[str, dict[str, list[Any]], int, Any, int]] = []
 _steps_seen = 0
 _every: int | None = None
 _active = False
@@ -249,14 +252,29 @@ def _add_rows(table: str, out: list[dict[str, Any]]) -> None:
 def _add_columns(table: str, cols: dict[str, list[Any]]) -> None:
     """Rows given column by column (lists of one length): the built-in hooks' own (str names,
     plain values, under a valid table name: no check is made; a standard column given wins,
-    as in a row). Written column by column at the flush, with no dict per row; rows when a
-    tap wants them."""
-    chunk = (_std(), cols)
-    if taps:
-        _add_rows(table, _chunk_rows(chunk))
+    as in a row). One append on the caller's thread; written column by column at the flush,
+    with no dict per row; rows when a tap wants them (:func:`_take_recorded_cols`)."""
+    _recorded_cols.append((table, cols, state.step, state.rank, time.time_ns()))
+
+
+def _take_recorded_cols() -> None:
+    """The column chunks given by :func:`_add_columns`, with their standard columns, into
+    ``pending_cols`` (or, when a tap wants rows, as rows into ``pending`` and the taps)."""
+    if not _recorded_cols:
         return
     with _lock:
-        pending_cols.setdefault(table, []).append(chunk)
+        batch = _recorded_cols[:]
+        del _recorded_cols[: len(batch)]
+    std0 = _std()
+    run_id, pid = std0["run_id"], std0["pid"]
+    for table, cols, step, rank, ts_ns in batch:
+        chunk = ({"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns},
+                 cols)  # fmt: skip
+        if taps:
+            _add_rows(table, _chunk_rows(chunk))
+        else:
+            with _lock:
+                pending_cols.setdefault(table, []).append(chunk)
 
 
 def _chunk_rows(chunk: tuple[dict[str, Any], dict[str, list[Any]]]) -> list[dict[str, Any]]:
@@ -267,6 +285,7 @@ def _chunk_rows(chunk: tuple[dict[str, Any], dict[str, list[Any]]]) -> list[dict
 
 
 def _take_cols() -> dict[str, list[tuple[dict[str, Any], dict[str, list[Any]]]]]:
+    _take_recorded_cols()
     with _lock:
         chunks = dict(pending_cols)
         pending_cols.clear()
@@ -677,6 +696,7 @@ def _drain() -> None:
     per table for the whole batch. The exporters' taps still get each sampled step's rows
     apart (a step's tables, then its metrics), as :func:`_add_rows` gives them."""
     _take_recorded()
+    _take_recorded_cols()
     batch = _take_raw()
     if not batch:
         return
@@ -889,6 +909,7 @@ def clear_rows() -> None:
     with _lock:
         _raw.clear()
         _recorded.clear()
+        _recorded_cols.clear()
         pending.clear()
         pending_cols.clear()
         memory.clear()
