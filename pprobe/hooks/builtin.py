@@ -23,6 +23,7 @@ import zlib
 from typing import Any
 
 from .. import state
+from . import dispatch
 from .base import BaseHook, HookRegistry
 
 # ---------------------------------------------------------------------- shared helpers
@@ -675,17 +676,14 @@ class GradientFlowHook(BaseHook):
                 self.idle_points = self._idle()
         except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
             self.idle_points = None
-            from . import dispatch
-
             dispatch._failed(self, "optimizer pre-hook", exc)
 
     def _own_step(self) -> int | None:
         """The step to take in the pre-hook while ``before_step`` is idle: the one zero-code
         detection opened (its optimizer pre-hook runs before this one), when this hook is
         live and fires at it; else None."""
-        from . import dispatch, lifecycle
-
-        step = lifecycle.open_step
+        lc = sys.modules.get("pprobe.hooks.lifecycle")  # imported: its emits armed _zero_code
+        step = None if lc is None else lc.open_step
         if step is None or step == self._captured or self.off or self not in dispatch._hooks:
             return None
         try:
@@ -706,8 +704,6 @@ class GradientFlowHook(BaseHook):
         if self._inflight or self._unverified or self._jobs or self._ready \
                 or self._last is not None:  # fmt: skip
             return None
-        from . import dispatch
-
         if self._zero_code and dispatch._claimed is None and self._hooked is self._opt():
             return _STEP_POINTS
         return _AFTER_STEP
@@ -917,8 +913,6 @@ class GradientFlowHook(BaseHook):
                 with state.internal():
                     outs.append(self._cpu_cols(torch, step, names, numels, grads))
             except Exception as e:  # noqa: BLE001 - the program goes on
-                from . import dispatch
-
                 dispatch._failed(self, "after_step", e)
                 outs.append(_cols(self.name, step, [], [], [], [], None))
         return outs
@@ -1096,8 +1090,6 @@ class FeatureMapHook(BaseHook):
                 try:
                     self._observe(self._step, mname, mod, output)
                 except Exception as e:  # noqa: BLE001 - a hook never breaks the forward
-                    from . import dispatch
-
                     dispatch._failed(self, f"forward[{mname}]", e)
 
         return fwd
