@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             if o.status != "ok":
                 print(f"{v.name}: {o.status}: {o.error}")
                 return 1
+            if o.data.get("missed_blocks"):
+                print(f"{v.name}: the hook did not take the last step of "
+                      f"{o.data['missed_blocks']} 'on' blocks: not measured")  # fmt: skip
+                return 1
             on, off = o.data["blocks"]["on"], o.data["blocks"]["off"]
             g = got[k]
             for q in range(len(on) // 2):

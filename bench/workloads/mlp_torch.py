@@ -312,13 +312,15 @@ def run_ab(out: dict[str, Any]) -> None:
 def _gradflow_on(on: bool) -> None:
     """GradientFlow's hooks in place or fully taken away: the hook machinery
     (:func:`_hooks_on`) and its own step pre-hook on the optimizer (put back by its next
-    ``before_step``, as when it is first installed)."""
+    ``before_step``, as when it is first installed: its idle points are cleared too, or
+    that ``before_step`` would never come)."""
     _hooks_on(on)
     if not on:
         for h in _made:
             if getattr(h, "_handle", None) is not None:
                 h._handle.remove()
                 h._handle = h._hooked = None
+            h.idle_points = None
 
 
 def run_ab_quads(out: dict[str, Any]) -> None:
@@ -334,6 +336,7 @@ def run_ab_quads(out: dict[str, Any]) -> None:
     import queue
     import threading
 
+    from pprobe import state as _pstate
     from pprobe.ext import tables as ext_tables
 
     asks: queue.Queue[int] = queue.Queue()
@@ -359,6 +362,7 @@ def run_ab_quads(out: dict[str, Any]) -> None:
     block, quads = int(ARGS.get("block", 100)), int(ARGS.get("ab_quads", 6))
     blocks: dict[str, list[list[float]]] = {"on": [], "off": []}
     i = 0
+    missed = 0  # "on" blocks whose last step a GradientFlow hook did not take
     for q in range(quads):
         for kind in ("on", "off", "off", "on") if q % 2 == 0 else ("off", "on", "on", "off"):
             _gradflow_on(kind == "on")
@@ -373,11 +377,16 @@ def run_ab_quads(out: dict[str, Any]) -> None:
                 h._verify()
             asks.put(2)  # their rows, and the tables' flush
             done.get()
+            if kind == "on":  # the hook took the block's last step (the loop's count when
+                # the loop emits the points, zero-code detection's otherwise): it was live
+                last = i - 1 if not _ZERO else _pstate.step - 1
+                missed += sum(getattr(h, "_captured", None) != last for h in flows)
             blocks[kind].append(
                 [time.thread_time() - t0, time.process_time() - p0, time.perf_counter() - w0]
             )
     asks.put(0)
     _gradflow_on(True)
+    out["missed_blocks"] = missed
     out["blocks"], out["ab_block"] = blocks, block
     out["dropped_steps"] = sum(getattr(h, "dropped_steps", 0) for h in flows)
     out["ab_loop_s"] = sum(b[1] for v in blocks.values() for b in v)
