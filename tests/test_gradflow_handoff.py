@@ -233,3 +233,40 @@ def test_auto_uses_the_thread_only_for_grads_past_async_min_bytes(min_bytes: int
     for bad in ("yes", 2, None):
         with pytest.raises(ValueError, match="async_cpu must be 'auto', true or false"):
             builtin.GradientFlowHook(async_cpu=bad)
+
+
+def test_the_steady_path_writes_the_rows_the_full_path_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the training thread (grads under async_min_bytes), steps after the first take the
+    steady path (one native call, no layout work); a step where a grad is missing (a frozen
+    layer) goes back to the full path, and so does the step after it (the layout changed).
+    Every row equals NumPy's statistics of the grads its step used."""
+    h = builtin.GradientFlowHook(frequency=1, async_cpu=False)
+    full: list[int] = []
+    real = h._compute
+    monkeypatch.setattr(h, "_compute", lambda step, params: full.append(step) or real(step, params))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ph.add(h)
+    ph.register_service("optimizer", opt)
+    ph.emit("before_training", model=model)
+    seen: dict[int, dict[str, Any]] = {}
+    for step in range(7):
+        model[0].bias.requires_grad_(step != 3)  # step 3: no grad for 0.bias
+        ph.emit("before_step", step=step, model=model)
+        opt.zero_grad()
+        F.cross_entropy(model(torch.randn(4, 5)), torch.randint(0, 3, (4,))).backward()
+        seen[step] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        opt.step()
+        ph.emit("after_step", step=step, model=model)
+    ph.emit("cleanup")
+    got = rows()
+    check_rows(got, seen)
+    assert sorted((r["step"], r["param"]) for r in got) == sorted(
+        (s, n) for s, grads in seen.items() for n in grads
+    )
+    assert {r["step"] for r in got if r["param"] == "0.bias"} == {0, 1, 2, 4, 5, 6}
+    if builtin.native_grad_columns(torch, [torch.ones(2)]) is not None:
+        assert full == [0, 3, 4]  # the others took the steady path

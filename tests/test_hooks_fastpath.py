@@ -284,7 +284,9 @@ def test_gradient_flow_arms_itself_on_zero_code_steps_and_wakes_for_a_new_optimi
     from pprobe import recorder, state
     from pprobe.ext import tables
     from pprobe.hooks.builtin import GradientFlowHook
+    from pprobe.interceptors import torch_modules
 
+    monkeypatch.setattr(torch_modules, "_on", True)  # the probe's steps (set_step below)
     monkeypatch.setattr(state, "step", 0)
     monkeypatch.setattr(lifecycle, "open_step", None)
     monkeypatch.setattr(lifecycle, "pending", None)
@@ -350,3 +352,40 @@ def test_a_failing_gradient_flow_pre_hook_never_breaks_the_optimizer_step(
     err = capsys.readouterr().err
     assert "optimizer pre-hook" in err and "statistics failed" in err
     h.cleanup()
+
+
+def test_gradient_flow_keeps_before_step_when_zero_code_does_not_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program that emits the points itself (unclaimed) while zero-code detection opens
+    no new step: GradientFlow takes every step it is given; before_step is not left idle."""
+    torch = pytest.importorskip("torch")
+    from pprobe.ext import tables
+    from pprobe.hooks.builtin import GradientFlowHook
+    from pprobe.interceptors import torch_modules
+
+    monkeypatch.setattr(torch_modules, "_on", True)
+    monkeypatch.setattr(lifecycle, "open_step", None)
+    monkeypatch.setattr(lifecycle, "pending", None)
+    monkeypatch.setattr(lifecycle, "started", False)
+    monkeypatch.setattr(lifecycle, "_optimizer", None)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    h = ph.add(GradientFlowHook(frequency=1, async_cpu=False))
+    dispatch.register_service("model", model)
+    lifecycle.activate()
+    tables.clear_rows()
+    try:
+        for s in range(5):
+            ph.emit("before_step", step=s, model=model)
+            opt.zero_grad()
+            model(torch.ones(4, 3)).sum().backward()
+            opt.step()
+            ph.emit("after_step", step=s, model=model)
+        tables._cols_to_rows()
+        got = {r["step"] for r in tables.pending.get("gradient_flow", [])}
+        assert got >= {2, 3, 4}  # zero-code's one step may be lost, none after it
+        assert not h._self_arm
+    finally:
+        tables.clear_rows()
+        h.cleanup()

@@ -14,6 +14,7 @@ import atexit
 import collections
 import contextlib
 import math
+import operator
 import os
 import struct
 import sys
@@ -431,6 +432,15 @@ class SystemMonitorHook(BaseHook):
 # ---------------------------------------------------------------------- GradientFlowHook
 _AFTER_STEP = frozenset(["after_step"])
 _STEP_POINTS = frozenset(["before_step", "after_step"])
+
+
+def _probing_steps() -> bool:
+    """Whether the probe's torch interception is on: its optimizer post-hook moves the step,
+    so zero-code detection opens a new step before every optimizer step."""
+    tm = sys.modules.get("pprobe.interceptors.torch_modules")
+    return tm is not None and bool(tm._on) and not state.manual_step
+
+
 #: The statistics GradientFlowHook computes per parameter, in its table's column order.
 GRAD_STATS = ("norm", "max_abs", "mean", "zero_frac", "nan_count", "inf_count")
 
@@ -620,6 +630,11 @@ class GradientFlowHook(BaseHook):
         self._model: Any = None
         self._layout: tuple[Any, list[Any]] | None = None
         self._zero_code = False  # the last before_step came from zero-code detection
+        self._self_arm = True  # False once zero-code detection was seen not to step
+        #: _steady's state: (params, names, numels, native module, torch.Tensor,
+        #: torch.strided, dtype codes, torch), kept by _keep_fast, dropped with the layout
+        self._fast: tuple[Any, ...] | None = None
+        self._native_ok = False  # whether the last _cpu_cols was the native call's
 
     def _opt(self) -> Any:
         return self.optimizer if self.optimizer is not None else self.get_service("optimizer")
@@ -631,7 +646,7 @@ class GradientFlowHook(BaseHook):
                 self._names = {id(p): n for n, p in model.named_parameters()}
             except Exception:
                 self._names = {}
-            self._layout = None
+            self._layout = self._fast = None
         opt = self._opt()
         if opt is not None and opt is not self._hooked and hasattr(opt, "register_step_pre_hook"):
             if self._handle is not None:
@@ -668,15 +683,42 @@ class GradientFlowHook(BaseHook):
             step = self._own_step()
             if step is None:
                 return
+        local = state.local
+        saved = local.depth
+        local.depth = state.INTERNAL  # the hook's own torch calls are not recorded
         try:
-            with state.internal():
+            params = [p for g in opt.param_groups for p in g["params"]]
+            if not self._steady(step, params):
                 self._verify()  # also here: a loop that never emits after_step still verifies
-                self._compute(step, [p for g in opt.param_groups for p in g["params"]])
-                self._captured = step
-                self.idle_points = self._idle()
+                self._compute(step, params)
+            self._captured = step
+            self.idle_points = self._idle()
         except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
             self.idle_points = None
             dispatch._failed(self, "optimizer pre-hook", exc)
+        finally:
+            local.depth = saved
+
+    def _steady(self, step: int, params: list[Any]) -> bool:
+        """The steady state of a CPU loop, in as little Python as it takes: the same plain
+        parameters as at the last step :meth:`_compute` found them all with a CPU grad, the
+        statistics on this thread (no hand-off), nothing waiting from an earlier step; one
+        native call for every grad, the rows handed over as columns. False (nothing done)
+        when any of that does not hold, or a grad is not one the native call reads: then
+        :meth:`_compute` does the whole work."""
+        fast = self._fast
+        if fast is None or self._last is not None or self._unverified or self._inflight \
+                or self.async_cpu is True:  # fmt: skip
+            return False
+        known, names, numels, mod, tensor, strided, codes, torch = fast
+        if len(params) != len(known) or not all(map(operator.is_, params, known)):
+            return False
+        with torch._C.DisableTorchFunction():  # plain tensors: checked when known was kept
+            got = mod.grad_columns([p.grad for p in params], tensor, strided, codes)
+        if got is None:  # a grad is missing or not one the native call reads
+            return False
+        _ext_tables()._add_columns("gradient_flow", self._native_cols(step, names, numels, got))
+        return True
 
     def _own_step(self) -> int | None:
         """The step to take in the pre-hook while ``before_step`` is idle: the one zero-code
@@ -684,7 +726,13 @@ class GradientFlowHook(BaseHook):
         live and fires at it; else None."""
         lc = sys.modules.get("pprobe.hooks.lifecycle")  # imported: its emits armed _zero_code
         step = None if lc is None else lc.open_step
-        if step is None or step == self._captured or self.off or self not in dispatch._hooks:
+        if step is not None and step == self._captured:
+            # zero-code detection opened no step since the last one taken: something else
+            # makes the steps (a program's own emits): before_step is never idle again
+            self._self_arm = False
+            self.idle_points = None
+            return None
+        if step is None or self.off or self not in dispatch._hooks:
             return None
         try:
             return step if self.should_trigger(step) else None
@@ -704,7 +752,9 @@ class GradientFlowHook(BaseHook):
         if self._inflight or self._unverified or self._jobs or self._ready \
                 or self._last is not None:  # fmt: skip
             return None
-        if self._zero_code and dispatch._claimed is None and self._hooked is self._opt():
+        opt = self.optimizer if self.optimizer is not None else dispatch._services.get("optimizer")
+        if self._zero_code and self._self_arm and dispatch._claimed is None \
+                and self._hooked is opt and _probing_steps():  # fmt: skip
             return _STEP_POINTS
         return _AFTER_STEP
 
@@ -742,6 +792,7 @@ class GradientFlowHook(BaseHook):
                                    tuple((tuple(g.shape), g.dtype) for g in gs),
                                    sum(g.numel() * g.element_size() for g in gs)))  # fmt: skip
                 self._layout = (sig, groups)
+                self._fast = None
             whole = len(self._layout[1]) == 1 and len(self._layout[1][0][1]) == len(params)
             for dev, idx, names, numels, key, nbytes in self._layout[1]:
                 grads = grads_all if whole else [grads_all[i] for i in idx]
@@ -750,9 +801,11 @@ class GradientFlowHook(BaseHook):
                         self._threaded(nbytes)
                         and self._handoff(torch, step, names, numels, grads, key, nbytes)
                     ):
-                        record_columns("gradient_flow",
-                                       self._cpu_cols(torch, step, names, numels, grads,
-                                                      plain=plain_all))  # fmt: skip
+                        cols = self._cpu_cols(torch, step, names, numels, grads,
+                                              plain=plain_all)  # fmt: skip
+                        record_columns("gradient_flow", cols)
+                        if whole and plain_all and self._native_ok and self._fast is None:
+                            self._keep_fast(torch, params, names, numels)
                     continue
                 # an accelerator: the NaN/inf counts are computed with the rest (no host check)
                 hosts = []
@@ -779,6 +832,7 @@ class GradientFlowHook(BaseHook):
         """The python.gradient_flow rows (:func:`_cols`) of CPU grads, computed now (on the
         calling thread); ``plain``: in :func:`_plain` for them already."""
         got = native_grad_columns(torch, grads, plain)
+        self._native_ok = got is not None
         if got is not None:
             return self._native_cols(step, names, numels, got)
         with _plain(torch, grads), torch.no_grad():
@@ -788,6 +842,18 @@ class GradientFlowHook(BaseHook):
             counts = {j: (int(torch.isnan(grads[j]).sum()), int(torch.isinf(grads[j]).sum()))
                       for j in bad}  # fmt: skip
         return _cols(self.name, step, names, numels, flv, itv, counts)
+
+    def _keep_fast(self, torch: Any, params: list[Any], names: list[str],
+                   numels: list[int]) -> None:  # fmt: skip
+        """What :meth:`_steady` needs, kept once :meth:`_compute` has read every grad of
+        these plain parameters on the CPU, on this thread, with the native call."""
+        from .. import core
+        from ..interceptors.torch_values import _STATS_CODES
+
+        mod = core.dumpio()
+        if mod is not None:
+            self._fast = (list(params), names, numels, mod, torch.Tensor, torch.strided,
+                          _STATS_CODES, torch)  # fmt: skip
 
     def _native_cols(self, step: int, names: list[str], numels: list[int],
                      got: tuple[list[Any], ...]) -> dict[str, list[Any]]:  # fmt: skip
