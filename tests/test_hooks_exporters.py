@@ -91,6 +91,23 @@ def test_forwards_metrics_and_hook_tables_in_order() -> None:
     assert mem.closed and tables.taps == []
 
 
+def test_rows_recorded_just_before_close_reach_the_exporters() -> None:
+    """The built-in hooks' rows and pprobe.record's wait on the program's thread for the
+    drain; closing the exporters drains them first, so the last step's rows are sent."""
+    from pprobe.hooks import builtin
+
+    f = exporters.Forwarder(thread=False)
+    mem = f.add(Memory())
+    builtin.record("time_tracking", {"event": "step", "step": 3, "duration_s": 0.25})
+    builtin.record_columns("gradient_flow", {"hook": ["g"], "step": [3], "param": ["w"],
+                                             "norm": [2.0]})  # fmt: skip
+    tables.record("time_tracking", {"event": "step", "step": 4, "duration_s": 0.5})
+    f.close()
+    got = {k: v for _, values in mem.got for k, v in values.items()}
+    assert got["time_tracking/step/duration_s"] == 0.5 and mem.closed
+    assert any(k.startswith("gradient_flow/") and v == 2.0 for k, v in got.items()), got
+
+
 def test_sampled_metrics_reach_the_exporters() -> None:
     """A ``@metric`` sampled at a step boundary goes to the exporters like a recorded row."""
     f = exporters.Forwarder(thread=False)

@@ -381,14 +381,18 @@ class Forwarder:
         values that could not be sent are counted as dropped in python.errors."""
         if self._closed:
             return
+        from ..ext import tables
+
+        try:  # rows recorded on the program's thread and not drained yet reach the tap first
+            tables._drain()
+        except Exception as e:  # noqa: BLE001 - the program goes on
+            _report.internal_error("forwarding rows to the exporters", e)
         self._closed = True
         self._stop.set()
         self._wake.set()
         th = self._thread
         if th is not None and th.is_alive() and th is not threading.current_thread():
             th.join(timeout)
-        from ..ext import tables
-
         if self.tap in tables.taps:
             tables.taps.remove(self.tap)
         prev = getattr(state.local, "depth", 0)
