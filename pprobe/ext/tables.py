@@ -188,6 +188,16 @@ def record(table: str, row: Any) -> None:
     _activate()
 
 
+def _cut(items: list[Any]) -> list[Any]:
+    """What ``items`` holds now, taken out of it: one taker at a time (under ``_lock``);
+    the program's threads append without the lock (a list append is atomic), and what they
+    append meanwhile stays for the next taker."""
+    with _lock:
+        batch = items[:]
+        del items[: len(batch)]
+    return batch
+
+
 def defer(table: str, rows: list[dict[str, Any]]) -> None:
     """Rows (dicts with str keys, under a valid name, not changed after this call) into
     python.table with the current step, rank and time: one append on the caller's thread.
@@ -200,9 +210,7 @@ def _take_recorded() -> None:
     the taps, in the order they were recorded."""
     if not _recorded:
         return
-    with _lock:
-        batch = _recorded[:]
-        del _recorded[: len(batch)]  # list ops are atomic: a concurrent defer() is kept
+    batch = _cut(_recorded)
     std0 = _std()
     run_id, pid = std0["run_id"], std0["pid"]
     for table, rows, step, rank, ts_ns in batch:
@@ -262,9 +270,7 @@ def _take_recorded_cols() -> None:
     ``pending_cols`` (or, when a tap wants rows, as rows into ``pending`` and the taps)."""
     if not _recorded_cols:
         return
-    with _lock:
-        batch = _recorded_cols[:]
-        del _recorded_cols[: len(batch)]
+    batch = _cut(_recorded_cols)
     std0 = _std()
     run_id, pid = std0["run_id"], std0["pid"]
     for table, cols, step, rank, ts_ns in batch:
@@ -685,10 +691,7 @@ def sample(reason: str = "demand") -> None:
 
 
 def _take_raw() -> list[tuple[int, Any, int, list[tuple[Source, Any]]]]:
-    with _lock:  # one taker at a time; a sample() appending meanwhile is kept for the next
-        batch = _raw[:]
-        del _raw[: len(batch)]
-    return batch
+    return _cut(_raw)
 
 
 def _drain() -> None:

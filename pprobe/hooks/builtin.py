@@ -23,7 +23,7 @@ import time
 import zlib
 from typing import Any
 
-from .. import state
+from .. import core, state
 from . import dispatch
 from .base import BaseHook, HookRegistry
 
@@ -481,8 +481,6 @@ def native_grad_columns(torch: Any, grads: list[Any],
     numbers (:func:`grad_stats`, :func:`_cols`). ``plain``: the caller has entered
     :func:`_plain` for these grads (the attribute reads, which a torch function mode would
     see), else it is entered here."""
-    from .. import core
-
     mod = core.dumpio()
     if mod is None or not grads:
         return None
@@ -492,13 +490,13 @@ def native_grad_columns(torch: Any, grads: list[Any],
         from ..interceptors.torch_values import _STATS_CODES
 
         codes = _codes = _STATS_CODES
-    ctx = contextlib.nullcontext() if plain else _plain(torch, grads)
-    with ctx:
-        try:
-            got = mod.grad_columns(grads, torch.Tensor, torch.strided, codes)
-        except (TypeError, ValueError, OverflowError, RuntimeError):
-            return None  # symbolic sizes, no storage: the torch path
-    return got  # type: ignore[no-any-return]
+    try:
+        if plain:  # no context to enter (the training thread's steady path runs this)
+            return mod.grad_columns(grads, torch.Tensor, torch.strided, codes)  # type: ignore[no-any-return]
+        with _plain(torch, grads):
+            return mod.grad_columns(grads, torch.Tensor, torch.strided, codes)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return None  # symbolic sizes, no storage: the torch path
 
 
 def _cols(hook: str, step: int, names: list[str], numels: list[int], fl: list[float],
@@ -631,8 +629,8 @@ class GradientFlowHook(BaseHook):
         self._layout: tuple[Any, list[Any]] | None = None
         self._zero_code = False  # the last before_step came from zero-code detection
         self._self_arm = True  # False once zero-code detection was seen not to step
-        #: _steady's state: (params, names, numels, native module, torch.Tensor,
-        #: torch.strided, dtype codes, torch), kept by _keep_fast, dropped with the layout
+        #: _steady's state: (params, names, numels, torch), kept by _keep_fast, dropped
+        #: with the layout
         self._fast: tuple[Any, ...] | None = None
         self._native_ok = False  # whether the last _cpu_cols was the native call's
 
@@ -710,11 +708,11 @@ class GradientFlowHook(BaseHook):
         if fast is None or self._last is not None or self._unverified or self._inflight \
                 or self.async_cpu is True:  # fmt: skip
             return False
-        known, names, numels, mod, tensor, strided, codes, torch = fast
+        known, names, numels, torch = fast
         if len(params) != len(known) or not all(map(operator.is_, params, known)):
             return False
         with torch._C.DisableTorchFunction():  # plain tensors: checked when known was kept
-            got = mod.grad_columns([p.grad for p in params], tensor, strided, codes)
+            got = native_grad_columns(torch, [p.grad for p in params], plain=True)
         if got is None:  # a grad is missing or not one the native call reads
             return False
         _ext_tables()._add_columns("gradient_flow", self._native_cols(step, names, numels, got))
@@ -752,9 +750,8 @@ class GradientFlowHook(BaseHook):
         if self._inflight or self._unverified or self._jobs or self._ready \
                 or self._last is not None:  # fmt: skip
             return None
-        opt = self.optimizer if self.optimizer is not None else dispatch._services.get("optimizer")
         if self._zero_code and self._self_arm and dispatch._claimed is None \
-                and self._hooked is opt and _probing_steps():  # fmt: skip
+                and self._hooked is self._opt() and _probing_steps():  # fmt: skip
             return _STEP_POINTS
         return _AFTER_STEP
 
@@ -847,13 +844,7 @@ class GradientFlowHook(BaseHook):
                    numels: list[int]) -> None:  # fmt: skip
         """What :meth:`_steady` needs, kept once :meth:`_compute` has read every grad of
         these plain parameters on the CPU, on this thread, with the native call."""
-        from .. import core
-        from ..interceptors.torch_values import _STATS_CODES
-
-        mod = core.dumpio()
-        if mod is not None:
-            self._fast = (list(params), names, numels, mod, torch.Tensor, torch.strided,
-                          _STATS_CODES, torch)  # fmt: skip
+        self._fast = (list(params), names, numels, torch)
 
     def _native_cols(self, step: int, names: list[str], numels: list[int],
                      got: tuple[list[Any], ...]) -> dict[str, list[Any]]:  # fmt: skip
