@@ -205,16 +205,22 @@ def defer(table: str, rows: list[dict[str, Any]]) -> None:
     _recorded.append((table, rows, state.step, state.rank, time.time_ns()))
 
 
+def _stamped(items: list[Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """A deferred list's entries (:func:`defer`, :func:`_add_columns`), taken out of it, as
+    (table, rows or columns, their standard columns), in the order they were recorded."""
+    if not items:
+        return []
+    std0 = _std()
+    run_id, pid = std0["run_id"], std0["pid"]
+    return [(table, got, {"run_id": run_id, "pid": pid, "rank": rank, "step": step,
+                          "ts_ns": ts_ns})
+            for table, got, step, rank, ts_ns in _cut(items)]  # fmt: skip
+
+
 def _take_recorded() -> None:
     """The deferred rows (:func:`defer`) with their standard columns, into ``pending`` and
     the taps, in the order they were recorded."""
-    if not _recorded:
-        return
-    batch = _cut(_recorded)
-    std0 = _std()
-    run_id, pid = std0["run_id"], std0["pid"]
-    for table, rows, step, rank, ts_ns in batch:
-        std = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
+    for table, rows, std in _stamped(_recorded):
         _add_rows(table, [{**std, **r} for r in rows])  # the user's column wins over pprobe's
 
 
@@ -268,14 +274,8 @@ def _add_columns(table: str, cols: dict[str, list[Any]]) -> None:
 def _take_recorded_cols() -> None:
     """The column chunks given by :func:`_add_columns`, with their standard columns, into
     ``pending_cols`` (or, when a tap wants rows, as rows into ``pending`` and the taps)."""
-    if not _recorded_cols:
-        return
-    batch = _cut(_recorded_cols)
-    std0 = _std()
-    run_id, pid = std0["run_id"], std0["pid"]
-    for table, cols, step, rank, ts_ns in batch:
-        chunk = ({"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns},
-                 cols)  # fmt: skip
+    for table, cols, std in _stamped(_recorded_cols):
+        chunk = (std, cols)
         if taps:
             _add_rows(table, _chunk_rows(chunk))
         else:
