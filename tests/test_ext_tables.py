@@ -338,6 +338,64 @@ def test_record_keeps_its_calls_values_and_step(monkeypatch: pytest.MonkeyPatch)
     assert tables._recorded == []
 
 
+def test_a_steps_samples_leave_the_collector_one_tracked_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sample() keeps a step's values where the garbage collector soon stops tracking them
+    (they would otherwise be scanned by every older-generation collection until the flush),
+    and a source that raises gives no value while the others still do."""
+    import gc
+
+    from pprobe import state
+
+    tables.clear_rows()
+    monkeypatch.setattr(tables, "sources", {})
+    monkeypatch.setattr(tables, "taps", [])
+    monkeypatch.setattr(tables, "_todo", ())
+    monkeypatch.setattr(state, "step", 7)
+    monkeypatch.setattr(tables, "note_failure", lambda *a: None)
+    n = {"i": 0}
+
+    def bad() -> float:
+        raise RuntimeError("no")
+
+    with tables._lock:
+        for kind, name, fn in (("table", "t_gc", lambda: {"loss": 0.5, "n": n["i"]}),
+                               ("metric", "m_bad", bad),
+                               ("metric", "m_ok", lambda: n["i"] * 2)):  # fmt: skip
+            tables.sources[(kind, name)] = tables.Source(kind, name, fn)
+        tables._sources_changed()
+    for i in range(3):
+        n["i"] = i
+        tables.sample("step")
+    gc.collect()  # a collection that meets a sample untracks what holds plain values only
+    assert len(tables._raw) == 3
+    for entry in tables._raw:
+        # the table's dict (a copy, plain values) and the metrics' numbers are untracked; the
+        # values tuple stays tracked only because it holds a dict (CPython keeps a tuple of
+        # dicts tracked); a sample of metrics alone leaves just the entry
+        assert [type(v) for v in entry[4]] == [dict, object, float]
+        assert not gc.is_tracked(entry[4][0]), entry
+    tables._drain()
+    got = tables.pending
+    assert [(r["step"], r["n"], r["loss"]) for r in got.pop("t_gc")] == [
+        (7, i, 0.5) for i in range(3)
+    ]
+    assert [(r["name"], r["value"]) for r in got.pop("metrics")] == [
+        ("m_ok", 0.0),
+        ("m_ok", 2.0),
+        ("m_ok", 4.0),
+    ]
+    assert not got
+    with tables._lock:  # metrics alone: the values tuple is untracked too
+        del tables.sources[("table", "t_gc")]
+        tables._sources_changed()
+    tables.sample("step")
+    gc.collect()
+    assert not gc.is_tracked(tables._raw[-1][4]), tables._raw[-1]
+    tables.clear_rows()
+
+
 if os.name != "posix":  # pragma: no cover
     pytest.skip("fork", allow_module_level=True)
 
@@ -359,10 +417,23 @@ def test_register_table_dataframe_as_given_and_replaced(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- the flush's column way
+def _sampled(batch: list) -> list:
+    """Samples given as (step, rank, ts_ns, [(source, value), ...]) in ``_raw``'s shape:
+    (step, rank, ts_ns, sources, values), one sources tuple per set of sources (as ``_todo``
+    is between two registrations)."""
+    todos: dict[tuple[int, ...], tuple] = {}
+    out = []
+    for step, rank, ts, pairs in batch:
+        todo = tuple(p[0] for p in pairs)
+        todo = todos.setdefault(tuple(map(id, todo)), todo)
+        out.append((step, rank, ts, todo, tuple(p[1] for p in pairs)))
+    return out
+
+
 def _rows_way(batch: list) -> dict[str, pa.Table]:
     """What the rows way (``_drain`` then ``build_table``) makes of sampled values."""
     tables.clear_rows()
-    tables._raw.extend(batch)
+    tables._raw.extend(_sampled(batch))
     tables._drain()
     got = {t: tables.build_table(r, list(tables.STD_COLUMNS)) for t, r in tables.pending.items()}
     tables.clear_rows()
@@ -372,7 +443,7 @@ def _rows_way(batch: list) -> dict[str, pa.Table]:
 def _columns_way(batch: list) -> dict[str, pa.Table]:
     """What the flush makes of them without taps: whole columns, the rest through rows."""
     tables.clear_rows()
-    got = tables._columns_of(list(batch))
+    got = tables._columns_of(_sampled(batch))
     for t, r in tables.pending.items():
         assert t not in got
         got[t] = tables.build_table(r, list(tables.STD_COLUMNS))
@@ -407,6 +478,11 @@ def _batches() -> dict[str, list]:
             (s, 0, s, [(st, [{"i": s}, {"i": -s}]), (m1, float(s))]) for s in range(3)
         ],
         "a source missing at one step": [same[0], (9, 7, 9, [(m2, 2.0)]), same[2]],
+        "a source that gave no value at one step (off, or it raised)": [
+            same[0],
+            (9, 7, 9, [same[1][3][0], (m1, tables._SKIP), (m2, 2.0)]),
+            same[2],
+        ],
         "int keys": [(0, 0, 0, [(st, {1: "a"})]), (1, 0, 1, [(st, {1: "b"})])],
     }
 

@@ -85,10 +85,19 @@ memory: dict[str, list[dict[str, Any]]] = {}
 #: Functions called with (table, rows) for every batch of rows added (the exporters' tap:
 #: pprobe.hooks.exporters); they must not block.
 taps: list[Callable[[str, list[dict[str, Any]]], None]] = []
-#: The sources to sample, in registration order (rebuilt when ``sources`` changes).
-_todo: list[Source] = []
-#: Sampled values not yet made rows: (step, rank, ts_ns, [(source, value), ...]).
-_raw: list[tuple[int, Any, int, list[tuple[Source, Any]]]] = []
+#: The sources to sample, in registration order (a new tuple when ``sources`` changes).
+_todo: tuple[Source, ...] = ()
+#: A sampled source that gave no value (switched off, or it raised).
+_SKIP = object()
+#: Sampled values not yet made rows: (step, rank, ts_ns, sources, values), ``values`` one
+#: per source of ``sources`` (the ``_todo`` tuple the sample ran over), ``_SKIP`` where none.
+#: Shaped for the garbage collector: the entries wait ~1 s for the flush, and every tracked
+#: object among them is scanned by each older-generation collection meanwhile. ``sources``
+#: is a tuple that already lived; a metric's number and a table's dict copy of plain values
+#: are untracked, and so is ``values`` once a young collection has met it, unless it holds
+#: a dict (CPython keeps such tuples tracked). A step with a table leaves two tracked objects,
+#: one with metrics only; a list of (source, value) pairs left four.
+_raw: list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]] = []
 #: Rows recorded on the program's thread (``pprobe.record``, the built-in hooks), not yet
 #: given their standard columns: (table, rows, step, rank, ts_ns). :func:`_take_recorded`
 #: makes them rows of ``pending`` (and hands them to the taps) off that thread.
@@ -172,7 +181,7 @@ def unregister(kind: str, name: str) -> None:
 def _sources_changed() -> None:
     """``sources`` changed (called holding ``_lock``): a new list for :func:`sample`."""
     global _todo
-    _todo = list(sources.values())
+    _todo = tuple(sources.values())
 
 
 def record(table: str, row: Any) -> None:
@@ -661,13 +670,15 @@ def sample(reason: str = "demand") -> None:
     todo = _todo
     if not todo:
         return
-    got_all: list[tuple[Source, Any]] = []
+    gots: list[Any] = []
+    some = False
     local = state.local
     saved = local.depth
     local.depth = state.INTERNAL
     try:
         for s in todo:
             if s.off:
+                gots.append(_SKIP)
                 continue
             try:
                 got = s.fn()
@@ -681,17 +692,24 @@ def sample(reason: str = "demand") -> None:
                     got = _rows_of(s.name, got)
             except Exception as e:
                 note_failure(s.what, s, e)
+                gots.append(_SKIP)
                 continue
-            got_all.append((s, got))
+            gots.append(got)
+            some = True
     finally:
         local.depth = saved
-    if got_all:
+    if some:
         # one list append, atomic under the GIL: no lock on the program's thread
-        _raw.append((state.step, state.rank, time.time_ns(), got_all))
+        _raw.append((state.step, state.rank, time.time_ns(), todo, tuple(gots)))
 
 
-def _take_raw() -> list[tuple[int, Any, int, list[tuple[Source, Any]]]]:
+def _take_raw() -> list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]]:
     return _cut(_raw)
+
+
+def _pairs(todo: tuple[Source, ...], gots: tuple[Any, ...]) -> list[tuple[Source, Any]]:
+    """One sample's (source, value) pairs, the sources that gave none left out."""
+    return [(s, g) for s, g in zip(todo, gots) if g is not _SKIP]
 
 
 def _drain() -> None:
@@ -708,10 +726,10 @@ def _drain() -> None:
     tapped = list(taps)
     out: dict[str, list[dict[str, Any]]] = {}
     str_keys: set[tuple[Any, ...]] = set()  # key sets checked (all str) in this drain
-    for step, rank, ts_ns, got_all in batch:
+    for step, rank, ts_ns, todo, gots in batch:
         here: dict[str, list[dict[str, Any]]] = {}  # this step's rows, by table
         metrics = []
-        for s, got in got_all:
+        for s, got in _pairs(todo, gots):
             std = {"run_id": run_id, "pid": pid, "rank": rank, "step": step, "ts_ns": ts_ns}
             if s.kind == "metric":
                 std["name"] = s.name
@@ -751,7 +769,9 @@ def _sampled_rows(s: Source, got: Any, std: dict[str, Any]) -> list[dict[str, An
     return [{**std, **r} for r in rows]
 
 
-def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> dict[str, Any]:
+def _columns_of(
+    batch: list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]],
+) -> dict[str, Any]:
     """The flush's way from sampled values to Arrow tables when no tap wants rows: one
     Arrow table per table for the whole batch, built column by column, with no dict per row.
 
@@ -766,9 +786,9 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
     run_id, pid = std0["run_id"], std0["pid"]
     per: dict[str, tuple[list[Any], ...]] = {}  # table -> steps, ranks, ts_ns, values, sources
     metrics: tuple[list[Any], ...] = ([], [], [], [], [])  # the same, names for sources
-    steps, ranks, tss, alls = (list(c) for c in zip(*batch))
+    steps, ranks, tss, todos, gotss = (list(c) for c in zip(*batch))
     n_steps = len(steps)
-    by_source = _by_source(alls)
+    by_source = _by_source(todos, gotss)
     k = 0  # metrics sampled at every step of the batch, source after source
     if by_source is not None:  # the same sources at every step: whole columns at once
         for src, values in by_source:
@@ -779,8 +799,8 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
             else:
                 per[src.name] = (steps, ranks, tss, values, [src] * n_steps)
     else:
-        for step, rank, ts_ns, got_all in batch:
-            for src, got in got_all:
+        for step, rank, ts_ns, todo, sampled in batch:
+            for src, got in _pairs(todo, sampled):
                 e: tuple[list[Any], ...] | None
                 if src.kind == "metric":
                     e = metrics
@@ -842,23 +862,19 @@ def _columns_of(batch: list[tuple[int, Any, int, list[tuple[Source, Any]]]]) -> 
     return out
 
 
-def _by_source(alls: list[list[tuple[Source, Any]]]) -> list[tuple[Source, list[Any]]] | None:
-    """Sampled values as one column per source, when every step sampled the same sources in
-    the same order (the common case); else None."""
-    width = len(alls[0])
-    if not width or set(map(len, alls)) != {width}:
+def _by_source(
+    todos: list[tuple[Source, ...]], gotss: list[tuple[Any, ...]]
+) -> list[tuple[Source, list[Any]]] | None:
+    """Sampled values as one column per source, when every step sampled the same sources
+    and each gave a value (the common case); else None."""
+    todo = todos[0]
+    if not todo or todos.count(todo) != len(todos):  # the same tuple: identity first
         return None
-    out = []
-    for j in range(width):
-        col = list(map(operator.itemgetter(j), alls))
-        srcs = list(map(_FIRST, col))
-        if len(set(map(id, srcs))) != 1:
-            return None
-        out.append((srcs[0], list(map(_SECOND, col))))
-    return out
-
-
-_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
+    cols = list(zip(*gotss))
+    skip = id(_SKIP)  # by identity: ``in`` would compare the program's values (arrays)
+    if any(skip in map(id, col) for col in cols):
+        return None
+    return [(s, list(col)) for s, col in zip(todo, cols)]
 
 
 def on_step(old: int, new: int) -> None:
