@@ -198,12 +198,14 @@ def _start() -> None:
 opening: int | None = None
 
 
-def _open_step(n: int) -> None:
+def _open_step(n: int, unheard: bool = False) -> None:
+    """Step ``n`` opens: its ``before_step`` unless ``unheard`` (the caller has just found
+    that it calls no hook: :func:`dispatch.calls_none` is not asked twice a step)."""
     global open_step, steps_in_epoch, pending, opening
     open_step, pending = n, None
     steps_in_epoch += 1
     dispatch.register_service("step", n)
-    if _heard() and not dispatch.calls_none("before_step", n):
+    if not unheard and _heard() and not dispatch.calls_none("before_step", n):
         opening = n
         try:
             dispatch.emit("before_step", step=n, **_ctx())
@@ -325,7 +327,7 @@ def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             # a later step of a known optimizer whose before_step calls no hook:
             # _open_step's bookkeeping only (no context, no emit, no torch op)
             if pending is not None:
-                _open_step(pending)
+                _open_step(pending, unheard=True)
             return
         try:
             with state.internal():
