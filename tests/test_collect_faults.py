@@ -122,6 +122,14 @@ def test_collector_that_never_comes_back(tmp_path: Path) -> None:
     assert list(zip(ops["pid"].to_pylist(), ops["seq"].to_pylist(), ops["op"].to_pylist())) == [
         x[:3] for x in _key_rows(local)
     ]
+    # the tensors' rows too (a batch missing here was lost before the spool, not in the resend)
+    want_t = _tensor_rows(local)
+    assert want_t, "the program records tensors: the check below would be empty"
+    tens = pa.Table.from_batches(seen["tensors"]).sort_by(
+        [(c, "ascending") for c in ("pid", "seq", "role", "idx")]
+    )
+    cols = ["pid", "seq", "role", "idx", "dtype", "mean"]
+    assert [tuple(r.values()) for r in tens.select(cols).to_pylist()] == want_t
     # `pprobe collect --resend` sends it to a collector that is there, exactly once
     copy = tmp_path / "spool-copy"
     shutil.copytree(local / ".spool", copy)
