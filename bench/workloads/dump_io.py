@@ -62,6 +62,10 @@ def main() -> None:
     total = 2 * count * (x.nbytes + 128)
     if kind == "disk":
         buf = np.ones(total, dtype=np.uint8)  # touched before the timing: no page faults
+    # Every variant starts with no dirty pages in the page cache (untimed): the ~300 MB the
+    # previous child left unwritten would otherwise throttle whichever variant runs next (a
+    # single write of the same bytes read 438 to 4,786 MB/s from one run to the next).
+    os.sync()
     th0 = time.thread_time()  # the main thread's own CPU: what the program pays
     with Span() as sp:
         # x[0] changes every iteration: each dump is new content (a repeated content is a
