@@ -375,6 +375,44 @@ def test_forwarder_and_server_in_process(tmp_path: Path) -> None:
     assert "client-end" in log.getvalue()
 
 
+def test_batches_taken_by_a_stuck_sender_are_spooled_at_close(tmp_path: Path) -> None:
+    """A sender stuck in a call (a collector that never answers) holds batches it took from
+    the queue; close() spools them all, the groups it has not tried yet included, and none
+    twice when the call returns later."""
+    import threading
+
+    from pprobe.collect.client import Forwarder
+    from pprobe.config import Config
+
+    tok = token_file(tmp_path)
+    cfg = Config(collector="grpc://127.0.0.1:9", collector_token_file=str(tok))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    f = Forwarder(cfg, "run1", str(run_dir), "h")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(group: list) -> bool:  # the call that hangs, then fails
+        entered.set()
+        release.wait(30)
+        return False
+
+    f._send = stuck  # type: ignore[method-assign]
+    items = [(f._header("ops"), pa.record_batch({"seq": [0, 1]})),
+             (f._header("tensors"), pa.record_batch({"seq": [0], "idx": [0]})),
+             (f._header("ops"), pa.record_batch({"seq": [2]}))]  # fmt: skip
+    t = threading.Thread(target=f._deliver, args=(items,))
+    t.start()
+    assert entered.wait(30)
+    f._spool_queue(with_inflight=True)  # what close() does when the sender is stuck
+    sp = f._open_spool()
+    assert sp is not None
+    spooled = sorted((h["stream"], b.num_rows) for h, b in map(sp.get, sp.names()))
+    assert spooled == [("ops", 1), ("ops", 2), ("tensors", 1)]
+    release.set()
+    t.join(30)
+    assert len(sp.names()) == 3  # the sender spooled nothing again
+
+
 FORK = """
 import os, time
 import numpy as np

@@ -343,15 +343,21 @@ class Forwarder:
                 last.append((h, b))
             else:
                 groups.append([(h, b)])
+        # Every taken batch stays in ``inflight`` until it is sent or spooled: close() spools
+        # what is there when the sender is stuck in a call, the groups not tried yet
+        # included (they are in no queue: a process exiting then lost them).
+        with self.cv:
+            self.inflight = list(items)
         for g in groups:
-            with self.cv:
-                self.inflight = list(g)
             ok = self._send(g)
             with self.cv:
-                g, self.inflight = (self.inflight, [])  # emptied if close() spooled them
-            if not ok:
-                for h, b in g:
-                    self._to_spool(h, b)
+                if not self.inflight:  # close() spooled them all, this group's too
+                    return
+                done = {id(x) for x in g}
+                self.inflight = [x for x in self.inflight if id(x) not in done]
+                if not ok:  # under the lock: close() cannot spool them as well, or miss them
+                    for h, b in g:
+                        self._to_spool(h, b)
 
     def _drain_spool(self) -> None:
         import pyarrow as pa
