@@ -349,6 +349,9 @@ class Forwarder:
         with self.cv:
             self.inflight = list(items)
         for g in groups:
+            with self.cv:
+                if not self.inflight:  # close() spooled what was left: not sent twice
+                    return
             ok = self._send(g)
             with self.cv:
                 if not self.inflight:  # close() spooled them all, this group's too

@@ -179,7 +179,7 @@ def unregister(kind: str, name: str) -> None:
 
 
 def _sources_changed() -> None:
-    """``sources`` changed (called holding ``_lock``): a new list for :func:`sample`."""
+    """``sources`` changed (called holding ``_lock``): a new tuple for :func:`sample`."""
     global _todo
     _todo = tuple(sources.values())
 
