@@ -356,8 +356,7 @@ class Forwarder:
             with self.cv:
                 if not self.inflight:  # close() spooled them all, this group's too
                     return
-                done = {id(x) for x in g}
-                self.inflight = [x for x in self.inflight if id(x) not in done]
+                del self.inflight[: len(g)]  # the groups are ``items`` in order: g leads
                 if not ok:  # under the lock: close() cannot spool them as well, or miss them
                     for h, b in g:
                         self._to_spool(h, b)
