@@ -448,6 +448,32 @@ def _io() -> tuple[Any, str]:
     return PyQueue(), "python"
 
 
+def _content_hash(io: Any) -> Any:
+    """digest(array) -> bytes or None: the dump writer's content hash (_dumpio.c's, or
+    blake2b for the Python twin), of the array's memory.
+
+    A dump holds its values in C order. A Fortran-ordered array's memory is its transpose's
+    C-order bytes: a square ``b.T`` has the same bytes, dtype and shape as ``b`` but other
+    values. Its digest is therefore tagged, so it only ever matches another Fortran-ordered
+    array's (same bytes, same shape: same values). None: no contiguous buffer (a strided
+    view, an odd dtype): that dump is not deduplicated."""
+    raw = io.digest
+
+    def digest(a: Any) -> bytes | None:
+        try:
+            flags = a.flags
+            if flags.c_contiguous:
+                return raw(a)  # type: ignore[no-any-return]
+            if flags.f_contiguous:
+                d = raw(a.T)
+                return None if d is None else b"F" + d
+        except (TypeError, ValueError, BufferError, AttributeError):
+            pass
+        return None
+
+    return digest
+
+
 def _seq_of(prefix: str) -> int:
     """The seq in a dump prefix ``{pid}-{seq}`` (``.{tag}`` after it for torch dtypes)."""
     try:
@@ -497,6 +523,7 @@ class Dumper:
             native, _ = _io()
             if isinstance(native, NativeQueue):  # its content hash, without the GIL
                 self.io.digest = native.digest  # type: ignore[method-assign]
+        self.digest = _content_hash(self.io)
         self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
         self.dirfd = -1
         self.failed: dict[str, str] = {}  # file name -> why it was not written
@@ -633,7 +660,7 @@ class Dumper:
         orig = a
         if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
             a = a.view("i8")
-        digest = self.io.digest(a) if a.nbytes >= 64 else None
+        digest = self.digest(a) if a.nbytes >= 64 else None
         key = (digest, header) if digest is not None else None
         total = len(header) + int(a.nbytes)
         ring = self.ring

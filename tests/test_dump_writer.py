@@ -421,3 +421,28 @@ def test_queue_skips_when_full_unless_asked_to_wait(tmp_path: Path, q: object) -
         assert len(written) == sum(results) + 5
     finally:
         os.close(fd)
+
+
+def test_a_transposed_array_is_never_an_alias_of_its_base(tmp_path: Path) -> None:
+    """``b.T`` of a square ``b`` has b's memory bytes, dtype and shape but other values: its
+    dump holds its own values (a Fortran-ordered array's digest only matches another one's)."""
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        b = np.negative(np.arange(16.0).reshape(4, 4))   # b: dumped as negative's output
+        np.positive(b.T)                                   # b.T: the same bytes, transposed
+        f = np.asfortranarray(np.arange(16.0).reshape(4, 4))
+        np.positive(f)
+        np.positive(np.asfortranarray(np.arange(16.0).reshape(4, 4)))  # f's twin: an alias
+        """,
+    ).check()
+    rows = _of(r.run_dir, "numpy.positive", "t.role = 'input'")
+    assert len(rows) == 3
+    base = -np.arange(16.0).reshape(4, 4)
+    got = [np.load(r.run_dir / x["dump_path"]) for x in rows]
+    np.testing.assert_array_equal(got[0], base.T)
+    assert got[0][0, 1] == -4.0  # not b's -1.0
+    np.testing.assert_array_equal(got[1], np.arange(16.0).reshape(4, 4))
+    np.testing.assert_array_equal(got[2], got[1])
+    assert os.path.samefile(r.run_dir / rows[1]["dump_path"], r.run_dir / rows[2]["dump_path"])
