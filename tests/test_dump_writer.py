@@ -446,3 +446,25 @@ def test_a_transposed_array_is_never_an_alias_of_its_base(tmp_path: Path) -> Non
     np.testing.assert_array_equal(got[1], np.arange(16.0).reshape(4, 4))
     np.testing.assert_array_equal(got[2], got[1])
     assert os.path.samefile(r.run_dir / rows[1]["dump_path"], r.run_dir / rows[2]["dump_path"])
+    assert meta(r.run_dir)["dumps"]["content_hash"] in ("xxh3_128", "pprobe", "blake2b")
+
+
+@pytest.mark.parametrize("xxh", [True, False], ids=["xxhash", "no-xxhash"])
+@pytest.mark.parametrize("q", ["native", "python"])
+def test_content_hash_without_and_with_xxhash(
+    monkeypatch: pytest.MonkeyPatch, xxh: bool, q: str
+) -> None:
+    if q == "native" and core.dumpio() is None:
+        pytest.skip("no native dump writer in this install")
+    io = dumps.NativeQueue(core.dumpio()) if q == "native" else dumps.PyQueue()
+    if not xxh:
+        monkeypatch.setitem(sys.modules, "xxhash", None)  # import xxhash fails
+    digest, name = dumps._content_hash(io)
+    assert name == ("xxh3_128" if xxh else {"native": "pprobe", "python": "blake2b"}[q])
+    a = np.arange(64.0).reshape(8, 8)
+    assert digest(a) == digest(a.copy()) and len(digest(a)) == 16
+    assert digest(a) != digest(a + 1)
+    assert digest(a.T) == b"F" + digest(a)  # a.T's memory is a's bytes: tagged...
+    assert digest(a.T) != digest(a)  # ...so a transpose never matches its base
+    assert digest(a.T) == digest(a.T.copy(order="F"))  # the same F-ordered values do
+    assert digest(a[:, ::2]) is None  # no contiguous buffer: no dedup
