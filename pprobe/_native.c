@@ -1186,6 +1186,22 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
 
 static int32_t idx_sid(Py_ssize_t i) { return i < 64 ? s_idx0 + (int32_t)i : -1; }
 
+/* A tuple holding nothing the garbage collector follows (str, bytes, numbers, None, or tuples
+ * of those) can be in no reference cycle: untrack it now, as CPython would at a collection
+ * (it untracks such tuples in the generation it collects, but an outer tuple seen before its
+ * inner ones stays tracked until a later collection). A row's args wait in the buffer until
+ * the flush (~1 s); tracked, they are promoted to the oldest generation, and full collections,
+ * which scan every object of the program, come sooner and are charged to its threads. */
+static void untrack_leaf_tuple(PyObject *t) {
+    if (!PyTuple_CheckExact(t) || !PyObject_GC_IsTracked(t)) return;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *e = PyTuple_GET_ITEM(t, i);
+        if (PyTuple_CheckExact(e)) untrack_leaf_tuple(e);
+        if (PyObject_IS_GC(e) && PyObject_GC_IsTracked(e)) return;
+    }
+    PyObject_GC_UnTrack(t);
+}
+
 /* Add an (idx, value) pair to the args; a cached small int becomes (None, "idx=v"). */
 static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
     if (!ds->pairs) {
@@ -1208,6 +1224,7 @@ static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
         pair = PyTuple_Pack(2, idx, v);
     }
     if (!pair) return -1;
+    untrack_leaf_tuple(pair);
     int r = PyList_Append(ds->pairs, pair);
     Py_DECREF(pair);
     return r;
@@ -1236,6 +1253,7 @@ static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, 
         Py_DECREF(pair);
         return -1;
     }
+    untrack_leaf_tuple(pair);
     r = PyList_Append(ds->pairs, pair);
     Py_DECREF(pair);
     return r < 0 ? -1 : 1;
@@ -1582,6 +1600,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     if (ds.pairs) {
         PyObject *t = PyList_AsTuple(ds.pairs);
         if (!t) goto fail_after;
+        untrack_leaf_tuple(t);
         rec.args = (int32_t)ds.nobj;
         ds.objs[ds.nobj++] = t;
     }

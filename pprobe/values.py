@@ -197,9 +197,9 @@ def register_scalar(tp: type) -> None:
 
 
 def register_text(tp: type, text: Any) -> None:
-    """Values of ``tp`` (and subclasses) are recorded as ``text(value)``, a :class:`Text` made
-    during the call: the row keeps no reference to them. ``text`` must be cheap and must not
-    raise."""
+    """Values of ``tp`` (and subclasses) are recorded as ``text(value)``, made during the call
+    (the row holds ``(None, "name=text")``): the row keeps no reference to them. ``text``
+    must be cheap and must not raise."""
     k = _Kind(f"text:{tp.__qualname__}", text)
     _text_bases.insert(0, (tp, k))
     _kinds[tp] = k
@@ -258,7 +258,7 @@ def collect(args: tuple, kwargs: dict) -> tuple[list, list]:
                 others.append((_IDX[i] if i < 64 else str(i), a))
         elif k.__class__ is _Kind:
             if k.text is not None:  # classes, dtypes: their text now
-                others.append((_IDX[i] if i < 64 else str(i), k.text(a)))
+                others.append((None, f"{_IDX[i] if i < 64 else i}={k.text(a)}"))
             else:
                 _one(_IDX[i] if i < 64 else str(i), a, arrays, others)
         else:
@@ -310,11 +310,11 @@ def _one(idx: str, a: Any, arrays: list, others: list) -> None:
             arrays.append((f"{idx}.{j}", e, ke))
             found = True
         if not found:
-            others.append((idx, Text(_safe_repr(a))))
+            others.append((None, f"{idx}={_safe_repr(a)}"))
     elif k is _OTHER:
-        others.append((idx, _opaque_text(tp)))
+        others.append((None, f"{idx}={_opaque_text(tp)}"))
     elif k.__class__ is _Kind:
-        others.append((idx, k.text(a)))
+        others.append((None, f"{idx}={k.text(a)}"))
     else:
         arrays.append((idx, a, k))
 
@@ -349,7 +349,7 @@ def _short_seq(idx: str, a: Any, tp: type, arrays: list, others: list) -> None:
     if found:
         return
     if not simple:
-        others.append((idx, Text(_safe_repr(a))))
+        others.append((None, f"{idx}={_safe_repr(a)}"))
         return
     t = a if tp is tuple else tuple(a)
     if not small:
@@ -414,9 +414,11 @@ def _safe_repr(v: Any) -> str:
 
 def arg_text(idx: str | None, v: Any) -> str:
     """One argument of the args column, ``name=value``, from the pair :func:`collect` made
-    (called at flush time). A pair holding no cached small int is (name, value); otherwise it
-    is (None, "name=value") made during the call, or (None, (name, packed)): a short tuple
-    of ints packed as a shape (:data:`SHAPE_PACK`)."""
+    (called at flush time). A pair is (name, value) for a value kept as it is; (None,
+    "name=value") for a text made during the call (a cached small int, a slice, a class, a
+    dtype, an object shown by its type: a plain ``str``, which the garbage collector does not
+    track, unlike :class:`Text`); or (None, (name, packed)): a short tuple of ints packed as a
+    shape (:data:`SHAPE_PACK`)."""
     if idx is not None:
         return f"{idx}={format_value(v)}"
     if v.__class__ is str:
