@@ -534,7 +534,9 @@ class Dumper:
             native, _ = _io()
             if isinstance(native, NativeQueue):  # its content hash, without the GIL
                 self.io.digest = native.digest  # type: ignore[method-assign]
-        self.digest, self.content_hash = _content_hash(self.io)
+        # chosen at the first dump: xxhash is imported only by a process that dumps
+        self.digest: Any = None
+        self.content_hash: str | None = None
         self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
         self.dirfd = -1
         self.failed: dict[str, str] = {}  # file name -> why it was not written
@@ -671,6 +673,8 @@ class Dumper:
         orig = a
         if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
             a = a.view("i8")
+        if self.digest is None:
+            self.digest, self.content_hash = _content_hash(self.io)
         digest = self.digest(a) if a.nbytes >= 64 else None
         key = (digest, header) if digest is not None else None
         total = len(header) + int(a.nbytes)

@@ -193,6 +193,8 @@ def test_the_writer_imports_only_pyarrow(tmp_path: Path) -> None:
          "import json, sys; b = set(sys.modules)\n"
          "import pyarrow, pyarrow.ipc, pyarrow._compute, wrapt\n"
          "import pprobe.session, pprobe.writer, pprobe.dumps, pprobe.query\n"
+         "import importlib.util as u\n"  # the dumps' content hash (a dependency)
+         "_ = u.find_spec('xxhash') and __import__('xxhash')\n"
          "import sysconfig; sysconfig.get_config_var('Py_GIL_DISABLED')\n"  # the build check
          "print(json.dumps(sorted(set(sys.modules) - b)))"],
         capture_output=True, text=True, check=True, env=clean_env(), cwd=str(REPO),
