@@ -21,6 +21,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -1846,6 +1847,75 @@ static PyObject *py_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return record_tuple_call(opi, op, fn, targs, kw);
 }
 
+/* FunctionProxy's calls (pprobe.interceptors.numpy_namespace): the proxies of NumPy's
+ * builtins and Python-level functions (np.array, np.asarray, np.broadcast_to...), which CPython
+ * calls through their type's tp_call. set_proxy_call() points the proxy classes' tp_call here:
+ * the call goes to the core as call(op, fn, args, kwargs) would, with no Python frame of the
+ * proxy's own __call__ (which stays in the class, with the same meaning, for the Python engine
+ * and for anything that calls it by name). op and fn are the proxy's _self_op and _self_orig
+ * slots, read at their member offsets. */
+static Py_ssize_t g_proxy_off_op = -1, g_proxy_off_fn = -1;
+
+static PyObject *proxy_tp_call(PyObject *self, PyObject *targs, PyObject *kw) {
+    PyObject *op = *(PyObject **)((char *)self + g_proxy_off_op);
+    PyObject *fn = *(PyObject **)((char *)self + g_proxy_off_fn);
+    if (!op || !fn) {
+        PyErr_SetString(PyExc_TypeError, "pprobe: a NumPy function proxy without its function");
+        return NULL;
+    }
+    long depth = tl_depth;
+    if ((depth && (depth >= INTERNAL || !g_nested)) || !g_active)
+        return PyObject_Call(fn, targs, kw);
+    PyObject *io = PyObject_GetAttr(op, str_index);
+    Py_ssize_t opi = io ? PyLong_AsSsize_t(io) : -1;
+    Py_XDECREF(io);
+    if (opi < 0) { /* pprobe's failure: reported once, the call runs as it would unprobed */
+        report("a NumPy function proxy");
+        return PyObject_Call(fn, targs, kw);
+    }
+    return record_tuple_call(opi, op, fn, targs, kw);
+}
+
+static Py_ssize_t member_offset(PyObject *tp, const char *name) {
+    PyObject *d = PyObject_GetAttrString(tp, name);
+    if (!d) return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX || m->type == T_OBJECT) off = m->offset;
+    }
+    Py_DECREF(d);
+    if (off < 0) PyErr_Format(PyExc_TypeError, "%s is not an object slot", name);
+    return off;
+}
+
+static PyObject *set_proxy_call(PyObject *self, PyObject *args) {
+    /* set_proxy_call(base, classes): base FunctionProxy (its _self_op and _self_orig slots);
+     * classes: base and its subclasses whose calls are the base's */
+    PyObject *base, *classes;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyType_Type, &base, &PyTuple_Type, &classes)) return NULL;
+    Py_ssize_t off_op = member_offset(base, "_self_op");
+    if (off_op < 0) return NULL;
+    Py_ssize_t off_fn = member_offset(base, "_self_orig");
+    if (off_fn < 0) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(classes); i++) {
+        PyObject *c = PyTuple_GET_ITEM(classes, i);
+        if (!PyType_Check(c) || !PyType_IsSubtype((PyTypeObject *)c, (PyTypeObject *)base) ||
+            !(((PyTypeObject *)c)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+            PyErr_SetString(PyExc_TypeError, "set_proxy_call: heap subclasses of base only");
+            return NULL;
+        }
+    }
+    g_proxy_off_op = off_op;
+    g_proxy_off_fn = off_fn;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(classes); i++) {
+        PyTypeObject *c = (PyTypeObject *)PyTuple_GET_ITEM(classes, i);
+        c->tp_call = proxy_tp_call;
+        PyType_Modified(c);
+    }
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------ torch's api level */
 static PyObject *g_torch_ops = NULL;     /* dict: torch function -> op index, -1: not a row */
 static PyObject *py_torch_op = NULL;     /* torch_api._api_op_index(func) -> int */
@@ -2562,6 +2632,8 @@ static PyMethodDef methods[] = {
      "torch_mode(on, compiler_dict, torch_call): switch the api-level handler"},
     {"after_fork_child", after_fork_child, METH_NOARGS, "empty buffer in a forked child"},
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
+    {"set_proxy_call", set_proxy_call, METH_VARARGS,
+     "set_proxy_call(FunctionProxy, classes): the proxies' calls go to the core in C"},
     {"set_other_pair", set_other_pair, METH_O,
      "set_other_pair(fn or None): the args the core does not describe itself"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},

@@ -234,6 +234,17 @@ for _m in _UFUNC_METHODS:  # help(np.add.reduce) and inspect.signature as unprob
     getattr(UfuncProxy, _m).__doc__ = getattr(np.ufunc, _m).__doc__
     getattr(UfuncProxy, _m).__wrapped__ = getattr(np.ufunc, _m)
 
+if _native is not None:
+    # A proxy's call goes to the core from its class's tp_call, with no Python frame of
+    # __call__ (which stays, with the same meaning, for the Python engine). HiddenProxy keeps
+    # its own __call__.
+    try:
+        _native.set_proxy_call(FunctionProxy, (FunctionProxy, UfuncProxy))
+    except Exception as _e:  # a core that does not fit: the proxies' Python __call__
+        from .. import _report
+
+        _report.internal_error("the NumPy proxies' native call", _e)
+
 
 # ------------------------------------------------------------------------ patching
 def find_dispatcher_type(numpy: Any = np) -> type | None:
