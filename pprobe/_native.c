@@ -1232,11 +1232,144 @@ static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
 }
 
 static PyObject *py_other_pair = NULL; /* values.other_pair(idx, value) -> pair or None */
+static PyObject *py_shown_by_type = NULL; /* values.shown_by_type(type) -> bool */
+
+/* A tuple of at most 8 exact ints (a shape, axes): the pair values.other_pair gives for it,
+ * made here. With a cached small int (-5..256) the ints are packed as native int64s, (None,
+ * (idx, packed)); without one, (idx, the tuple). 1: handled; 0: not such a tuple (or an int
+ * past int64): other_pair's; -1: error. */
+static int int_tuple_pair(Descs *ds, PyObject *t, PyObject *idx) {
+    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    if (n > 8) return 0;
+    int64_t v[8];
+    int small = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *e = PyTuple_GET_ITEM(t, i);
+        if (!PyLong_CheckExact(e)) return 0;
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(e, &overflow);
+        if (overflow) return 0;
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (x >= -5 && x <= 256) small = 1;
+        v[i] = (int64_t)x;
+    }
+    PyObject *pair;
+    if (!small) {
+        pair = PyTuple_Pack(2, idx, t);
+    } else {
+        PyObject *b = PyBytes_FromStringAndSize((const char *)v, n * (Py_ssize_t)sizeof(int64_t));
+        PyObject *inner = b ? PyTuple_Pack(2, idx, b) : NULL;
+        Py_XDECREF(b);
+        pair = inner ? PyTuple_Pack(2, Py_None, inner) : NULL;
+        Py_XDECREF(inner);
+    }
+    if (!pair) return -1;
+    untrack_leaf_tuple(pair);
+    if (!ds->pairs && !(ds->pairs = PyList_New(0))) {
+        Py_DECREF(pair);
+        return -1;
+    }
+    int r = PyList_Append(ds->pairs, pair);
+    Py_DECREF(pair);
+    return r < 0 ? -1 : 1;
+}
+
+/* Texts of arguments recorded as (None, "idx=text") whose text depends on the object alone
+ * and the object lives as long as the process (a static class such as np.float64, a builtin
+ * dtype), or on its type alone (an object shown by its type, ``<numpy._CopyMode>``): key
+ * (object, 1) or (type, 2) -> a = the text (a new reference), b = 1; a type whose objects
+ * are not shown by their type has (type, 2) with a = NULL. Keys are held (a type stays alive
+ * while it is here); at most ARG_TEXTS_MAX keys. values' registrations, which may change how
+ * a type's values are shown, empty it (clear_arg_texts). */
+static Map2 g_arg_texts;
+#define ARG_TEXTS_MAX 1024
+
+static void arg_texts_clear(void) {
+    for (size_t j = 0; j < g_arg_texts.cap; j++) {
+        Slot2 *s = &g_arg_texts.slots[j];
+        if (!s->key) continue;
+        Py_DECREF((PyObject *)s->key);
+        Py_XDECREF((PyObject *)s->a);
+    }
+    PyMem_Free(g_arg_texts.slots);
+    g_arg_texts.slots = NULL;
+    g_arg_texts.cap = g_arg_texts.n = 0;
+}
+
+static PyObject *clear_arg_texts(PyObject *self, PyObject *unused) {
+    arg_texts_clear();
+    Py_RETURN_NONE;
+}
+
+static int arg_text_put(PyObject *key, intptr_t k2, PyObject *text) {
+    Slot2 *s = map2_put(&g_arg_texts, key, k2);
+    if (!s) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (s->b) return 0; /* already there */
+    Py_INCREF(key);
+    s->a = (intptr_t)Py_XNewRef(text);
+    s->b = 1;
+    return 0;
+}
+
+/* After other_pair gave `pair` for x: remember x's text when it depends on x or its type. */
+static void arg_text_learn(PyObject *x, PyObject *idx, PyObject *pair) {
+    if (g_arg_texts.n >= ARG_TEXTS_MAX) return;
+    PyObject *tp = (PyObject *)Py_TYPE(x);
+    Slot2 *st = map2_find(&g_arg_texts, tp, 2);
+    int by_type;
+    if (st) {
+        by_type = st->a != 0;
+    } else {
+        if (!py_shown_by_type) return;
+        PyObject *r = PyObject_CallOneArg(py_shown_by_type, tp);
+        by_type = r ? PyObject_IsTrue(r) == 1 : 0;
+        Py_XDECREF(r);
+        PyErr_Clear();
+    }
+    PyObject *text = NULL;
+    if (PyTuple_GET_ITEM(pair, 0) == Py_None && PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 1))) {
+        PyObject *full = PyTuple_GET_ITEM(pair, 1);
+        Py_ssize_t k = PyUnicode_GET_LENGTH(idx);
+        if (PyUnicode_GET_LENGTH(full) > k && PyUnicode_Tailmatch(full, idx, 0, k, -1) == 1 &&
+            PyUnicode_READ_CHAR(full, k) == '=')
+            text = PyUnicode_Substring(full, k + 1, PyUnicode_GET_LENGTH(full));
+        PyErr_Clear();
+    }
+    if (!st) arg_text_put(tp, 2, by_type ? text : NULL);
+    if (text && !by_type) {
+        int immortal = PyType_Check(x) && !(((PyTypeObject *)x)->tp_flags & Py_TPFLAGS_HEAPTYPE);
+        if (!immortal && np_descr_sids) { /* a builtin dtype: a static singleton */
+            PyObject *key = PyLong_FromVoidPtr(x);
+            immortal = key && PyDict_Contains(np_descr_sids, key) == 1;
+            Py_XDECREF(key);
+            PyErr_Clear();
+        }
+        if (immortal) arg_text_put(x, 1, text);
+    }
+    Py_XDECREF(text);
+}
+
+/* x's text when known (borrowed), else NULL */
+static inline PyObject *arg_text_known(PyObject *x) {
+    if (!g_arg_texts.n) return NULL;
+    Slot2 *s = map2_find(&g_arg_texts, x, 1);
+    if (s) return (PyObject *)s->a;
+    s = map2_find(&g_arg_texts, (PyObject *)Py_TYPE(x), 2);
+    return s ? (PyObject *)s->a : NULL;
+}
 
 /* One argument: 1 handled, 0 unknown kind (use the Python path), -1 error. An argument that
  * is neither an array nor a plain scalar (a class, a dtype, a shape tuple, an enum) is
  * handed to values.other_pair, which gives the (name, value) pair the Python engine records
- * for it, or None when it is or holds an array: then the Python path records the call. */
+ * for it, or None when it is or holds an array: then the Python path records the call. The
+ * commonest such arguments are answered here: tuples of ints (int_tuple_pair) and the texts
+ * other_pair gave before for the same object or type (g_arg_texts). */
 static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, int64_t seq) {
     int r = describe_np(ds, x, s_input, idx, seq);
     if (r) return r;
@@ -1244,11 +1377,26 @@ static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, 
         PyUnicode_CheckExact(x))
         return add_pair(ds, idx_obj, x) < 0 ? -1 : 1;
     if (!py_other_pair) return 0;
-    PyObject *pair = PyObject_CallFunctionObjArgs(py_other_pair, idx_obj, x, NULL);
-    if (!pair || !PyTuple_Check(pair)) { /* an array, or the helper failed: the Python path */
-        Py_XDECREF(pair);
-        PyErr_Clear();
-        return 0;
+    if (PyTuple_CheckExact(x)) {
+        r = int_tuple_pair(ds, x, idx_obj);
+        if (r) return r;
+    }
+    PyObject *pair;
+    PyObject *text = arg_text_known(x);
+    if (text) {
+        PyObject *full = PyUnicode_FromFormat("%U=%U", idx_obj, text);
+        pair = full ? PyTuple_Pack(2, Py_None, full) : NULL;
+        Py_XDECREF(full);
+        if (!pair) return -1;
+    } else {
+        pair = PyObject_CallFunctionObjArgs(py_other_pair, idx_obj, x, NULL);
+        if (!pair || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            /* an array, or the helper failed: the Python path */
+            Py_XDECREF(pair);
+            PyErr_Clear();
+            return 0;
+        }
+        arg_text_learn(x, idx_obj, pair);
     }
     if (!ds->pairs && !(ds->pairs = PyList_New(0))) {
         Py_DECREF(pair);
@@ -1260,8 +1408,13 @@ static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, 
     return r < 0 ? -1 : 1;
 }
 
-static PyObject *set_other_pair(PyObject *self, PyObject *fn) {
+static PyObject *set_other_pair(PyObject *self, PyObject *args) {
+    /* set_other_pair(fn or None, shown_by_type=None) */
+    PyObject *fn, *sbt = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &fn, &sbt)) return NULL;
     Py_XSETREF(py_other_pair, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_XSETREF(py_shown_by_type, sbt == Py_None ? NULL : Py_NewRef(sbt));
+    arg_texts_clear();
     Py_RETURN_NONE;
 }
 
@@ -2634,8 +2787,10 @@ static PyMethodDef methods[] = {
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
     {"set_proxy_call", set_proxy_call, METH_VARARGS,
      "set_proxy_call(FunctionProxy, classes): the proxies' calls go to the core in C"},
-    {"set_other_pair", set_other_pair, METH_O,
-     "set_other_pair(fn or None): the args the core does not describe itself"},
+    {"set_other_pair", set_other_pair, METH_VARARGS,
+     "set_other_pair(fn or None, shown_by_type=None): the args the core does not describe"},
+    {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
+     "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None) -> (nulls, bitmap or None, offsets, data)"},

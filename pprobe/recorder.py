@@ -1223,7 +1223,8 @@ if _native is not None:
             ops=ops_by_index,
             fixed=(records.S_OK, records.S_INPUT, records.S_OUTPUT, records.S_CPU, records.S_IDX0),
         )
-        _native.set_other_pair(values.other_pair)
+        _native.set_other_pair(values.other_pair, values.shown_by_type)
+        values.kinds_changed.append(_native.clear_arg_texts)
     except Exception as e:  # a core that does not fit this Python side: the Python engine
         core.fall_back(f"the native core could not start ({type(e).__name__}: {e})")
         _native = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import reprlib
 import struct
+from collections.abc import Callable
 from itertools import islice
 from typing import Any, Protocol
 
@@ -179,12 +180,23 @@ _repr.maxother = 60
 _repr.maxlist = _repr.maxtuple = 8
 
 
+#: Called after a registration below (which may change how a type's values are shown): the
+#: native core forgets the texts it learnt from :func:`other_pair` (``clear_arg_texts``).
+kinds_changed: list[Callable[[], Any]] = []
+
+
+def _changed() -> None:
+    for f in kinds_changed:
+        f()
+
+
 def register(tp: type, handler: ArrayHandler) -> None:
     """Make instances of ``tp`` (and its subclasses) arrays described by ``handler``."""
     _handlers.append((tp, handler))
     for t in list(_kinds):
         if _kinds[t] is _OTHER:
             del _kinds[t]
+    _changed()
 
 
 def register_scalar(tp: type) -> None:
@@ -194,6 +206,7 @@ def register_scalar(tp: type) -> None:
     for t in list(_kinds):
         if _kinds[t] is _OTHER:
             del _kinds[t]
+    _changed()
 
 
 def register_text(tp: type, text: Any) -> None:
@@ -206,6 +219,7 @@ def register_text(tp: type, text: Any) -> None:
     for t in list(_kinds):
         if _kinds[t] is _OTHER or (_kinds[t] is _TYPE and issubclass(t, tp)):
             del _kinds[t]
+    _changed()
 
 
 def kind_of(tp: type) -> Any:
@@ -281,6 +295,12 @@ def other_pair(idx: str, a: Any) -> tuple | None:
     if arrays or len(others) != 1:
         return None
     return others[0]  # type: ignore[no-any-return]
+
+
+def shown_by_type(tp: type) -> bool:
+    """Whether values of ``tp`` are recorded as their type's text alone (``<module.name>``):
+    the native core then keeps that text per type (``describe_arg``)."""
+    return (_kinds.get(tp) or kind_of(tp)) is _OTHER
 
 
 def _one(idx: str, a: Any, arrays: list, others: list) -> None:
