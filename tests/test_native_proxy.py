@@ -54,3 +54,27 @@ def test_a_proxied_numpy_function_runs_no_python_frame_of_pprobe(tmp_path):
     rows = [x["op"] for x in ops(r.run_dir)]
     for op in ("numpy.asarray", "numpy.array", "numpy.zeros", "numpy.asarray_chkfinite"):
         assert rows.count(op) == 4, (op, rows)  # every call is still a row
+
+
+TRACEBACK = """
+import traceback
+import numpy as np
+
+for call in (lambda: np.zeros(-1), lambda: np.array([1, [2, 3]], dtype=float)):
+    try:
+        call()
+    except ValueError:
+        print("|".join(f.filename for f in traceback.extract_tb(__import__("sys").exc_info()[2])))
+"""
+
+
+@pytest.mark.skipif(
+    os.environ.get("PPROBE_CORE") == "python",
+    reason="the Python engine's proxies add a frame of numpy_namespace.py (README, Limits)",
+)
+def test_a_traceback_through_a_builtins_proxy_is_the_unprobed_one(tmp_path):
+    plain = run_script(tmp_path, TRACEBACK, probe=False).check()
+    probed = run_script(tmp_path, TRACEBACK, env={"PPROBE_MODE": "log"}).check()
+    assert probed.out == plain.out
+    assert "pprobe" not in probed.out
+    assert len(probed.out.strip().splitlines()) == 2
