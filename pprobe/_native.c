@@ -37,7 +37,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 6
+#define PPROBE_NATIVE_API 7
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -104,6 +104,12 @@ static PyObject *py_error = NULL;        /* _report.internal_error(where, exc) *
 static PyObject *py_note_thread = NULL;  /* state.note_thread() */
 /* py_wake (writer.wake or None) is declared with the buffer */
 static PyObject *py_import_frame = NULL; /* recorder._IMPORT_FRAME */
+/* Dump mode: py_dump(x, op, seq, kind, idx, header) -> (path, note) | None, the Python
+ * engine's dump of one array (recorder._native_dump: the dumper's budget, dedup, queue and
+ * names); kind 0: an input (idx: its name's string id), 1: the one output, 2: one of several
+ * outputs (idx: its position in the result); header: its .npy header (npy_header_of) or
+ * None. Set by set_dump. */
+static PyObject *py_dump = NULL;
 static PyObject *py_idx_strs = NULL;     /* tuple of "0".."63" */
 static int32_t s_ok, s_input, s_output, s_cpu, s_idx0;
 
@@ -802,34 +808,84 @@ static PyObject *as_caller(PyObject *self, PyObject *const *args, Py_ssize_t nar
 }
 
 /* ------------------------------------------------------------------ descriptions */
+/* In dump mode, what each desc record describes: the object (borrowed: an argument or an
+ * item of the result, alive for the call; NULL: nothing to dump, e.g. records the Python side
+ * made) and, for an output, its position in the result. */
+typedef struct {
+    PyObject *x;
+    Py_ssize_t pos;
+} DescSrc;
+
 typedef struct {
     DescRec *d;
+    DescSrc *src; /* parallel to d */
     Py_ssize_t n, cap;
     DescRec inline_[8];
-    PyObject *objs[16];
-    Py_ssize_t nobj;
+    DescSrc src_inline[8];
+    PyObject **objs; /* the row's objects (new references) */
+    Py_ssize_t nobj, objcap;
+    PyObject *objs_inline[16];
     PyObject *pairs; /* list of (idx, value) pairs, or NULL */
 } Descs;
 
+static void descs_init(Descs *ds) {
+    memset(ds, 0, sizeof(*ds));
+    ds->d = ds->inline_;
+    ds->src = ds->src_inline;
+    ds->cap = 8;
+    ds->objs = ds->objs_inline;
+    ds->objcap = 16;
+}
+
 static void descs_free(Descs *ds) {
     if (ds->d != ds->inline_) PyMem_Free(ds->d);
+    if (ds->src != ds->src_inline) PyMem_Free(ds->src);
     for (Py_ssize_t i = 0; i < ds->nobj; i++) Py_DECREF(ds->objs[i]);
+    if (ds->objs != ds->objs_inline) PyMem_Free(ds->objs);
     Py_XDECREF(ds->pairs);
+}
+
+/* Add an object to the row (steals the reference); its index, or -1 (memory; the reference is
+ * released and the error set). */
+static int32_t descs_obj(Descs *ds, PyObject *o) {
+    if (ds->nobj == ds->objcap) {
+        Py_ssize_t ncap = ds->objcap * 2;
+        PyObject **no = PyMem_Malloc(ncap * sizeof(PyObject *));
+        if (!no) {
+            Py_DECREF(o);
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(no, ds->objs, ds->nobj * sizeof(PyObject *));
+        if (ds->objs != ds->objs_inline) PyMem_Free(ds->objs);
+        ds->objs = no;
+        ds->objcap = ncap;
+    }
+    ds->objs[ds->nobj] = o;
+    return (int32_t)ds->nobj++;
 }
 
 static DescRec *descs_add(Descs *ds) {
     if (ds->n == ds->cap) {
         Py_ssize_t ncap = ds->cap * 2;
         DescRec *nd = PyMem_Malloc(ncap * sizeof(DescRec));
-        if (!nd) {
+        DescSrc *ns = PyMem_Malloc(ncap * sizeof(DescSrc));
+        if (!nd || !ns) {
+            PyMem_Free(nd);
+            PyMem_Free(ns);
             PyErr_NoMemory();
             return NULL;
         }
         memcpy(nd, ds->d, ds->n * sizeof(DescRec));
+        memcpy(ns, ds->src, ds->n * sizeof(DescSrc));
         if (ds->d != ds->inline_) PyMem_Free(ds->d);
+        if (ds->src != ds->src_inline) PyMem_Free(ds->src);
         ds->d = nd;
+        ds->src = ns;
         ds->cap = ncap;
     }
+    ds->src[ds->n].x = NULL;
+    ds->src[ds->n].pos = 0;
     DescRec *r = &ds->d[ds->n++];
     memset(r, 0, sizeof(DescRec));
     r->mn = r->mx = r->mean = r->std = Py_NAN;
@@ -1050,12 +1106,14 @@ static PyObject *str_out_note = NULL, *str_uninit_note = NULL;
 static int32_t s_out_kw = -3;
 static int g_cur_uninit = 0; /* the outputs being described are uninitialised memory */
 
-static inline int stats_on(void) { return g_mode == 1 && g_stats_c != NULL; }
+/* Statistics here: stats mode, and dump mode (statistics and a dump of each array: the dump
+ * through py_dump, see dump_descs) */
+static inline int stats_on(void) { return g_mode >= 1 && g_stats_c != NULL; }
 
 static int desc_note(Descs *ds, DescRec *r, PyObject *note) {
-    if (ds->nobj >= 15) return 0; /* the row's objects are full (one stays for the args) */
-    r->note = (int32_t)ds->nobj;
-    ds->objs[ds->nobj++] = Py_NewRef(note);
+    int32_t k = descs_obj(ds, Py_NewRef(note));
+    if (k < 0) return -1;
+    r->note = k;
     return 0;
 }
 
@@ -1113,10 +1171,17 @@ static int desc_stats_py(Descs *ds, DescRec *r, PyObject *x, PyObject *fn) {
             report("statistics");
         }
     } else if (PyUnicode_Check(st)) {
-        desc_note(ds, r, st);
-    } else if (st != Py_None && ds->nobj < 15) {
-        r->stats = (int32_t)ds->nobj;
-        ds->objs[ds->nobj++] = Py_NewRef(st);
+        if (desc_note(ds, r, st) < 0) {
+            Py_DECREF(st);
+            return -1;
+        }
+    } else if (st != Py_None) {
+        int32_t k = descs_obj(ds, Py_NewRef(st));
+        if (k < 0) {
+            Py_DECREF(st);
+            return -1;
+        }
+        r->stats = k;
     }
     Py_DECREF(st);
     return 0;
@@ -1137,6 +1202,7 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         r->ndim = a->nd;
         for (int i = 0; i < a->nd; i++) r->dims[i] = a->dimensions[i];
         r->dtype = dt;
+        ds->src[ds->n - 1].x = x;
         if (stats_on() && desc_stats(ds, r, x) < 0) return -1;
         return 1;
     }
@@ -1145,12 +1211,13 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         if (st && (!py_tensor_stats || py_tensor_stats == Py_None))
             return 0; /* the Python path */
         int r = describe_tensor(ds, x, role, idx, seq);
+        if (r == 1) ds->src[ds->n - 1].x = x;
         if (r == 1 && st) {
             DescRec *d = &ds->d[ds->n - 1];
             if (d->role == s_input && d->idx == s_out_kw) {
-                desc_note(ds, d, str_out_note);
+                if (desc_note(ds, d, str_out_note) < 0) return -1;
             } else if (d->role == s_output && g_cur_uninit) {
-                desc_note(ds, d, str_uninit_note);
+                if (desc_note(ds, d, str_uninit_note) < 0) return -1;
             } else if (g_tstats_c && desc_stats_c(d, x, g_tstats_c)) {
                 /* a plain CPU tensor, read in C from its memory (no Python call) */
             } else if (desc_stats_py(ds, d, x, py_tensor_stats) < 0) {
@@ -1179,13 +1246,23 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
         r->idx = idx;
         r->ndim = 0;
         r->dtype = dt;
+        ds->src[ds->n - 1].x = x;
         if (stats_on() && desc_stats(ds, r, x) < 0) return -1;
         return 1;
     }
     return 0;
 }
 
-static int32_t idx_sid(Py_ssize_t i) { return i < 64 ? s_idx0 + (int32_t)i : -1; }
+/* The string id of position i's name ("0", "1", ...; past 63 made here: an output of a long
+ * result). -1 (null) only when it cannot be made. */
+static int32_t idx_sid(Py_ssize_t i) {
+    if (i < 64) return s_idx0 + (int32_t)i;
+    PyObject *name = PyUnicode_FromFormat("%zd", i);
+    int32_t r = name ? sid_of(name) : -1;
+    Py_XDECREF(name);
+    if (r < 0) PyErr_Clear();
+    return r;
+}
 
 /* A tuple holding nothing the garbage collector follows (str, bytes, numbers, None, or tuples
  * of those) can be in no reference cycle: untrack it now, as CPython would at a collection
@@ -1408,6 +1485,16 @@ static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, 
     return r < 0 ? -1 : 1;
 }
 
+static PyObject *set_dump(PyObject *self, PyObject *fn) {
+    /* set_dump(fn or None): dump mode's arrays are dumped through fn (see dump_descs) */
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_dump takes a callable or None");
+        return NULL;
+    }
+    Py_XSETREF(py_dump, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyObject *set_other_pair(PyObject *self, PyObject *args) {
     /* set_other_pair(fn or None, shown_by_type=None) */
     PyObject *fn, *sbt = Py_None;
@@ -1479,6 +1566,132 @@ static int op_uninit(Py_ssize_t opi) {
         oi->uninit = u ? 2 : 1;
     }
     return oi->uninit == 2;
+}
+
+/* Dump mode: the .npy header of a plain ndarray (not a subclass) of a builtin numeric dtype
+ * (bool, integers, floats, complex), byte for byte what pprobe.dumps.npy_header makes for it
+ * (version 1.0, C order, padded so that the data starts at a multiple of 64); None where
+ * Python makes it (other dtypes, deep shapes, subclasses, NumPy scalars). g_npy_heads: builtin descr -> a = the bytes of
+ * "{'descr': '<f8', 'fortran_order': False, 'shape': (" or Py_None for a dtype left to
+ * Python; keys and values held for the process (builtin descriptors live as long). */
+static Map2 g_npy_heads;
+
+static PyObject *npy_header_of(PyObject *x) {
+    if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
+    NpyArrayFields *a = (NpyArrayFields *)x;
+    if (a->nd > MAX_INLINE_DIMS) Py_RETURN_NONE;
+    Slot2 *s = map2_find(&g_npy_heads, a->descr, 0);
+    if (!s && (descr_sid(a->descr) == -2 || !map2_find(&g_descrs, a->descr, 0))) {
+        PyErr_Clear(); /* not a builtin descriptor (only those are in g_descrs) */
+        Py_RETURN_NONE;
+    }
+    if (!s) {
+        PyObject *head = NULL;
+        PyObject *kind = PyObject_GetAttrString(a->descr, "kind");
+        PyObject *str = kind ? PyObject_GetAttrString(a->descr, "str") : NULL;
+        if (str && PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind) == 1 &&
+            strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0))) {
+            PyObject *t = PyUnicode_FromFormat("{'descr': %R, 'fortran_order': False, 'shape': (",
+                                               str);
+            head = t ? PyUnicode_AsLatin1String(t) : NULL;
+            Py_XDECREF(t);
+        }
+        Py_XDECREF(kind);
+        Py_XDECREF(str);
+        if (!head) {
+            PyErr_Clear();
+            head = Py_NewRef(Py_None);
+        }
+        s = map2_put(&g_npy_heads, a->descr, 0);
+        if (!s) {
+            Py_DECREF(head);
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        Py_INCREF(a->descr);
+        s->a = (intptr_t)head;
+    }
+    PyObject *head = (PyObject *)s->a;
+    if (head == Py_None) Py_RETURN_NONE;
+    /* magic (6), version 1.0 (2), header length (2, little endian), then the text */
+    char buf[512];
+    Py_ssize_t hn = PyBytes_GET_SIZE(head), n = 10;
+    if (hn > 256) Py_RETURN_NONE;
+    memcpy(buf, "\x93NUMPY\x01\x00", 8);
+    memcpy(buf + n, PyBytes_AS_STRING(head), hn);
+    n += hn;
+    for (int i = 0; i < a->nd; i++)
+        n += snprintf(buf + n, 32, i ? ", %lld" : "%lld", (long long)a->dimensions[i]);
+    if (a->nd == 1) buf[n++] = ',';
+    memcpy(buf + n, "), }", 4);
+    n += 4;
+    Py_ssize_t pad = (64 - (n + 1) % 64) % 64;
+    memset(buf + n, ' ', pad);
+    n += pad;
+    buf[n++] = '\n';
+    Py_ssize_t text = n - 10;
+    buf[8] = (char)(text & 0xff);
+    buf[9] = (char)((text >> 8) & 0xff);
+    return PyBytes_FromStringAndSize(buf, n);
+}
+
+static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(x); }
+
+/* Dump the described arrays from desc `from` on (inputs before the call, outputs after it):
+ * each record gets its dump's path and note (a note replaces the statistics' note, as in
+ * recorder._describe). An out= input and uninitialised outputs are not dumped. A failure is
+ * reported and leaves that record without a dump; -1 only for memory. */
+static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, int output) {
+    if (g_mode != 2 || !py_dump) return 0;
+    PyObject *o_op = NULL, *o_seq = NULL;
+    int many = output && ds->n - from > 1, rc = 0;
+    for (Py_ssize_t i = from; i < ds->n; i++) {
+        PyObject *x = ds->src[i].x;
+        DescRec *r = &ds->d[i];
+        if (!x || (r->role == s_input && r->idx == s_out_kw) || (output && g_cur_uninit))
+            continue;
+        if (!o_op) {
+            o_op = PyLong_FromSsize_t(opi);
+            o_seq = o_op ? PyLong_FromLongLong(seq) : NULL;
+            if (!o_seq) {
+                rc = -1;
+                break;
+            }
+        }
+        PyObject *o_kind = PyLong_FromLong(output ? 1 + many : 0);
+        PyObject *o_idx = PyLong_FromSsize_t(output ? ds->src[i].pos : r->idx);
+        PyObject *o_head = o_kind && o_idx ? npy_header_of(x) : NULL;
+        PyObject *res = NULL;
+        if (o_head) {
+            PyObject *argv[6] = {x, o_op, o_seq, o_kind, o_idx, o_head};
+            res = PyObject_Vectorcall(py_dump, argv, 6, NULL);
+        }
+        Py_XDECREF(o_kind);
+        Py_XDECREF(o_idx);
+        Py_XDECREF(o_head);
+        if (!res) {
+            report("writing dumps");
+            continue;
+        }
+        if (PyTuple_CheckExact(res) && PyTuple_GET_SIZE(res) == 2) {
+            PyObject *path = PyTuple_GET_ITEM(res, 0), *note = PyTuple_GET_ITEM(res, 1);
+            if (path != Py_None) {
+                int32_t k = descs_obj(ds, Py_NewRef(path));
+                if (k < 0) rc = -1;
+                else ds->d[i].path = k; /* ds->d may have moved: index, not r */
+            }
+            if (rc == 0 && note != Py_None) {
+                int32_t k = descs_obj(ds, Py_NewRef(note));
+                if (k < 0) rc = -1;
+                else ds->d[i].note = k;
+            }
+        }
+        Py_DECREF(res);
+        if (rc < 0) break;
+    }
+    Py_XDECREF(o_op);
+    Py_XDECREF(o_seq);
+    return rc;
 }
 
 /* Statistics, dumps, a dtype filter, or an argument kind only Python knows: the Python
@@ -1604,9 +1817,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     }
     int64_t seq = -1; /* drawn once the call is known to be recorded here */
     Descs ds;
-    memset(&ds, 0, sizeof(ds));
-    ds.d = ds.inline_;
-    ds.cap = 8;
+    descs_init(&ds);
     int unknown = 0;
     for (Py_ssize_t i = skip; i < nargs && !unknown; i++) {
         PyObject *idx_obj = i - skip < 64 ? PyTuple_GET_ITEM(py_idx_strs, i - skip) : NULL;
@@ -1638,6 +1849,9 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     }
     seq = g_seq++;
     for (Py_ssize_t i = 0; i < ds.n; i++) ds.d[i].seq = seq;
+    /* dump mode: the inputs' values at call time */
+    if (dump_descs(&ds, 0, opi, seq, 0) < 0) goto fail;
+    Py_ssize_t n_inputs = ds.n;
     if (!tl_thread) {
         /* the thread's serial, its name noted now: idents are reused by the OS */
         PyObject *r = PyObject_CallNoArgs(py_note_thread);
@@ -1697,6 +1911,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
             for (Py_ssize_t j = 0; j < n && j < 1024; j++) {
                 int re = describe_np(&ds, items[j], s_output, idx_sid(j), seq);
                 if (re < 0) goto fail_after;
+                if (re == 1) ds.src[ds.n - 1].pos = j;
                 if (re == 0 && np_ndarray && PyObject_TypeCheck(items[j], np_ndarray)) {
                     ds.n = n0; /* an array the core does not describe (deep): Python does */
                     python_outputs = 1;
@@ -1725,13 +1940,6 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
                 goto fail_after;
             }
             Py_ssize_t k = PyBytes_GET_SIZE(b) / sizeof(DescRec);
-            if (ds.nobj + PyTuple_GET_SIZE(objs) > 15) {
-                /* more objects than a row keeps (one slot stays for the args): the records
-                 * would point past them; the row is dropped and the failure reported */
-                Py_DECREF(o);
-                PyErr_SetString(PyExc_OverflowError, "an output needs more than 15 objects");
-                goto fail_after;
-            }
             int32_t base = (int32_t)ds.nobj;
             for (Py_ssize_t j = 0; j < k; j++) {
                 DescRec *dr = descs_add(&ds);
@@ -1746,17 +1954,23 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
                 if (dr->shape_ref >= 0) dr->shape_ref += base;
             }
             for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(objs); j++) {
-                ds.objs[ds.nobj++] = Py_NewRef(PyTuple_GET_ITEM(objs, j));
+                if (descs_obj(&ds, Py_NewRef(PyTuple_GET_ITEM(objs, j))) < 0) {
+                    Py_DECREF(o);
+                    goto fail_after;
+                }
             }
             Py_DECREF(o);
+        } else if (dump_descs(&ds, n_inputs, opi, seq, 1) < 0) {
+            goto fail_after;
         }
     }
     if (ds.pairs) {
         PyObject *t = PyList_AsTuple(ds.pairs);
         if (!t) goto fail_after;
         untrack_leaf_tuple(t);
-        rec.args = (int32_t)ds.nobj;
-        ds.objs[ds.nobj++] = t;
+        int32_t k = descs_obj(&ds, t);
+        if (k < 0) goto fail_after;
+        rec.args = k;
     }
     rec.n_descs = (int32_t)ds.n;
     if (buffer_append(g_buffer, &rec, ds.d, ds.n, ds.objs, ds.nobj) < 0) goto fail_after;
@@ -2393,7 +2607,7 @@ static PyObject *configure(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"active", "nested", "parents", "mode", "slow", "flush_rows", "wake",
                             NULL};
     PyObject *wake = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "ppppp|nO", names, &g_active, &g_nested,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "pppip|nO", names, &g_active, &g_nested,
                                      &g_parents, &g_mode, &g_slow, &g_flush_rows, &wake))
         return NULL;
     Py_XSETREF(py_wake, Py_NewRef(wake));
@@ -2787,6 +3001,11 @@ static PyMethodDef methods[] = {
     {"layout", layout, METH_NOARGS, "(op record size, desc record size)"},
     {"set_proxy_call", set_proxy_call, METH_VARARGS,
      "set_proxy_call(FunctionProxy, classes): the proxies' calls go to the core in C"},
+    {"set_dump", set_dump, METH_O,
+     "set_dump(fn or None): fn(x, op, seq, kind, idx, header) -> (path, note) dumps dump "
+     "mode's arrays"},
+    {"npy_header", npy_header, METH_O,
+     "npy_header(x): the .npy header of a plain ndarray of a builtin numeric dtype, else None"},
     {"set_other_pair", set_other_pair, METH_VARARGS,
      "set_other_pair(fn or None, shown_by_type=None): the args the core does not describe"},
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,

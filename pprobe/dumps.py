@@ -86,14 +86,25 @@ def _safe_arg(s: str) -> str:
     return _UNSAFE.sub("_", s)
 
 
+#: (op, which) -> ``op_{op}_{which}_``, both parts sanitised (the per-dump name is this head,
+#: the prefix and ``.npy``)
+_heads: dict[tuple[str, str], str] = {}
+
+
 def file_name(op: str, which: str, prefix: str, codec: str = "npy") -> str:
     """``op_{op}_{which}_{prefix}.npy`` with every part sanitised; cut with a hash if long.
     Another codec than npy appends its name: ``....npy.zstd`` (pprobe.codecs)."""
     if codec != "npy":
         return file_name(op, which, prefix) + "." + codec
-    name = (
-        f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_{_safe_arg(prefix)}.npy"
-    )
+    head = _heads.get((op, which))
+    if head is None:
+        head = f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_"
+        if len(_heads) < 65536:
+            _heads[op, which] = head
+    # a {pid}-{seq} prefix is safe as it is (ASCII digits and one dash): no regex for it
+    if not (prefix.isascii() and prefix.replace("-", "", 1).isdigit()):
+        prefix = _safe_arg(prefix)
+    name = head + prefix + ".npy"
     if len(name) > NAME_MAX:
         h = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
         tail = f"_{_UNSAFE.sub('_', prefix)}.npy"
@@ -580,6 +591,10 @@ class Dumper:
     # ------------------------------------------------------------------ budget
     def _reserve(self, nbytes: int) -> bool:
         """Take ``nbytes`` from the budget (lock held). False: not that much is left."""
+        n = self._n
+        if n[1] + nbytes <= n[0]:  # used + nbytes <= held: within the chunks already taken
+            n[1] += nbytes
+            return True
         while self.used + nbytes > self.held:
             if self.next_k >= self.n_chunks:
                 return False
@@ -649,35 +664,46 @@ class Dumper:
 
     # ------------------------------------------------------------------ writing
     def dump(
-        self, arr: Any, op: str, which: str, prefix: str, step: int | None = None
+        self,
+        arr: Any,
+        op: str,
+        which: str,
+        prefix: str,
+        step: int | None = None,
+        header: bytes | None = None,
     ) -> tuple[str | None, str | None]:
         """Queue ``arr`` (a NumPy array) for writing; return (file name, note). ``step``: the
-        step of the call (default the current one; a deferred device dump passes its own)."""
+        step of the call (default the current one; a deferred device dump passes its own).
+        ``header``: ``npy_header(arr.dtype, arr.shape)`` where the caller has it (the native
+        core makes it for the builtin numeric dtypes)."""
         if self.exhausted and (self.ring is None or not self.ring.holding):
             return None, "not dumped: dump budget exhausted"
         if self.disk_full:
             return None, self.disk_full
         try:
-            return self._dump(arr, op, which, prefix, state.step if step is None else step)
+            return self._dump(arr, op, which, prefix, state.step if step is None else step, header)
         except Exception as e:  # an unwritable folder, an odd dtype: this dump only
             self.errors += 1
             _report.internal_error("writing dumps", e)
             return None, f"not dumped: {type(e).__name__}: {e}"[:200]
 
     def _dump(
-        self, a: Any, op: str, which: str, prefix: str, step: int
+        self, a: Any, op: str, which: str, prefix: str, step: int, header: bytes | None = None
     ) -> tuple[str | None, str | None]:
-        self._open()
+        if self.dirfd < 0:
+            self._open()
         name = file_name(op, which, prefix, self.codec)
-        header = self._header(a)
         orig = a
-        if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
-            a = a.view("i8")
+        if header is None:  # (the core's headers are of numeric dtypes only)
+            header = self._header(a)
+            if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
+                a = a.view("i8")
         if self.digest is None:
             self.digest, self.content_hash = _content_hash(self.io)
-        digest = self.digest(a) if a.nbytes >= 64 else None
+        nbytes = a.nbytes
+        digest = self.digest(a) if nbytes >= 64 else None
         key = (digest, header) if digest is not None else None
-        total = len(header) + int(a.nbytes)
+        total = len(header) + nbytes
         ring = self.ring
         held = False
         with self.lock:

@@ -195,10 +195,9 @@ def _push() -> None:
     global _fast
     _fast = FAST_PATH and _active and not _mode and not _dtypes
     if _native is not None:
-        # stats mode stays in the core when it has the C statistics (pprobe/statscore.py)
-        slow = (
-            bool(_dtypes) or _mode == 2 or (_mode == 1 and (bool(_on_nan) or not _stats_in_core()))
-        )
+        # stats and dump modes stay in the core when it has the C statistics
+        # (pprobe/statscore.py); dumps are taken through _native_dump
+        slow = bool(_dtypes) or (_mode >= 1 and (bool(_on_nan) or not _stats_in_core()))
         _native.configure(_active, _nested, _parents, _mode, slow, _flush_rows, _wake)
 
 
@@ -1173,21 +1172,50 @@ def _describe(
         st = (st[0], st[1], st[2], st[3], None if n is None else float(n),
               None if i is None else float(i))  # fmt: skip
     if _mode == 2:
-        arr, note2 = h.dumpable(x)
+        if role == "input":
+            which = f"input{idx}"
+        elif role == "output":
+            which = f"output{idx}" if many else "output"
+        else:  # torch module rows: "param" / "grad", idx = the parameter's name
+            which = f"{role}_{idx}"
+        path, note2 = _dump_one(op.name, which, x, h, prefix)
         note = note2 or note
-        if arr is not None:
-            if role == "input":
-                which = f"input{idx}"
-            elif role == "output":
-                which = f"output{idx}" if many else "output"
-            else:  # torch module rows: "param" / "grad", idx = the parameter's name
-                which = f"{role}_{idx}"
-            if isinstance(arr, values.Dumpable):  # dtype-tagged name, deferred device copy
-                path, note2 = arr.pprobe_dump(_dumper, op.name, which, prefix)
-            else:
-                path, note2 = _dumper.dump(arr, op.name, which, prefix)
-            note = note2 or note
     return (role, idx, shape, dtype, device, grad, st, path, note)
+
+
+def _dump_one(name: str, which: str, x: Any, h: Any, prefix: str) -> tuple[Any, Any]:
+    """Dump mode: ``x``'s dump as ``op_{name}_{which}_{prefix}.npy``; (path or None, note or
+    None). Both engines' dumps come through here (the native core's plain numeric arrays go
+    to the dumper directly: :func:`_native_dump`)."""
+    arr, note = h.dumpable(x)
+    if arr is None:
+        return None, note
+    if isinstance(arr, values.Dumpable):  # dtype-tagged name, deferred device copy
+        path, note2 = arr.pprobe_dump(_dumper, name, which, prefix)
+    else:
+        path, note2 = _dumper.dump(arr, name, which, prefix)
+    return path, note2 or note
+
+
+def _native_dump(
+    x: Any, op: int, seq: int, kind: int, idx: int, header: bytes | None
+) -> tuple[Any, Any]:
+    """Dump mode in the native core (``_native.set_dump``): the dump of one array the core
+    described. ``kind`` 0: an input, ``idx`` the string id of its name; 1: the call's one
+    output; 2: one of its outputs, ``idx`` its position in the result. ``header``: the .npy
+    header the core made for a plain ndarray (not a subclass) of a builtin numeric dtype,
+    else None."""
+    if kind == 0:
+        which = "input" + records.strings[idx]
+    elif kind == 1:
+        which = "output"
+    else:
+        which = f"output{idx}"
+    if header is not None:  # a plain ndarray of a numeric dtype: nothing for dumpable to do
+        return _dumper.dump(x, ops_by_index[op].name, which, f"{_pid}-{seq}", header=header)
+    tp = type(x)
+    h = values._kinds.get(tp) or values.kind_of(tp)
+    return _dump_one(ops_by_index[op].name, which, x, h, f"{_pid}-{seq}")
 
 
 def _native_outputs(seq: int, result: Any, op: int = -1) -> tuple[bytes, tuple]:
@@ -1197,7 +1225,8 @@ def _native_outputs(seq: int, result: Any, op: int = -1) -> tuple[bytes, tuple]:
     outs = values.outputs(result)
     if op >= 0:
         o = ops_by_index[op]
-        descs = [_describe(o, "output", idx, x, h, "", len(outs) > 1) for idx, x, h in outs]
+        prefix = f"{_pid}-{seq}" if _mode == 2 else ""
+        descs = [_describe(o, "output", idx, x, h, prefix, len(outs) > 1) for idx, x, h in outs]
     else:
         descs = [h.light("output", idx, x) for idx, x, h in outs]
     objs: list = []
@@ -1224,6 +1253,7 @@ if _native is not None:
             fixed=(records.S_OK, records.S_INPUT, records.S_OUTPUT, records.S_CPU, records.S_IDX0),
         )
         _native.set_other_pair(values.other_pair, values.shown_by_type)
+        _native.set_dump(_native_dump)
         values.kinds_changed.append(_native.clear_arg_texts)
     except Exception as e:  # a core that does not fit this Python side: the Python engine
         core.fall_back(f"the native core could not start ({type(e).__name__}: {e})")

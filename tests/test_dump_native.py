@@ -1,0 +1,202 @@
+"""Dump mode in the native core (issue #10): the core records the call (site, descriptions,
+statistics, the row) and hands each array to ``recorder._native_dump`` for its dump, instead
+of sending the whole call to the Python engine's ``_begin`` / ``_end``.
+
+What a user sees must not change: the same rows, names, notes and dump contents as the
+Python engine writes, byte for byte where the engines share the code.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import load_dump, meta, ops, run_script, tensors
+
+NATIVE_BUILT = True
+try:
+    from pprobe import _native  # noqa: F401
+except ImportError:
+    NATIVE_BUILT = False
+
+PROG = """
+import sys
+import numpy as np
+rng = np.random.default_rng(3)
+a = rng.standard_normal((3, 4))
+b = rng.standard_normal((3, 4)) + 2
+np.add(a, b)                      # a ufunc
+a + b                             # an operator
+c = a.copy()
+c += 1                            # in place: the input dump holds the value before
+a.sum()                           # a method
+np.multiply(a, 2.0, out=c)        # out=: a note, no dump
+np.empty(3)                       # uninitialised output: a note, no dump
+np.divmod(a, b)                   # two outputs: output0, output1
+np.linalg.eigh(a @ a.T)           # a tuple result
+np.multiply(np.float64(2.5), a)   # a NumPy scalar input
+np.asfortranarray(a) * 1          # a Fortran-ordered input
+np.array([1, None], dtype=object).copy()  # object dtype: not dumped, says why
+for _ in range(3):
+    np.negative(b)                # the same content again: stored once
+np.clip(a, a_min=-0.5, a_max=b)   # an array keyword argument
+np.zeros((1,) * 9).sum(axis=0)    # a deep output (9 dimensions): the Python side
+np.split(np.arange(70.0), 70)     # 70 outputs: positions past 63
+np.ones(2, dtype=np.float16) * np.float16(3)
+x = np.arange(6).reshape(2, 3)
+x.T.copy()
+"""
+
+TORCH_PROG = """
+import torch
+g = torch.Generator().manual_seed(1)
+x = torch.randn(4, 3, generator=g)
+y = torch.randn(4, 3, generator=g)
+torch.add(x, y)
+x * y
+x.to(torch.bfloat16) + 1
+torch.max(x, dim=0)
+"""
+
+
+def _table(run_dir: Path) -> list[tuple]:
+    """Each row and its arrays as the engines must agree on them: the dump names without the
+    pid, the notes, and the dumps' contents."""
+    pid = str(meta(run_dir)["pid"])
+    out: list[tuple] = []
+    for o in ops(run_dir):
+        arrays = []
+        for t in tensors(run_dir, f"seq = {o['seq']}"):
+            path = t["dump_path"]
+            value: Any = None
+            if path is not None:
+                v = load_dump(run_dir / path)
+                value = (str(v.dtype), v.shape, v.tobytes(), bool(v.flags.f_contiguous))
+                path = path.replace(f"_{pid}-", "_PID-")
+            arrays.append((t["role"], t["idx"], t["shape"], t["dtype"], t["min"], t["max"],
+                           t["nan_count"], path, t["note"], value))  # fmt: skip
+        caller = Path(o["caller"]).name if o["caller"] else None  # the script's folder differs
+        out.append((o["op"], o["kind"], caller, o["status"], o["args"], arrays))
+    return out
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+@pytest.mark.parametrize("prog", ["numpy", "torch"])
+def test_both_engines_write_the_same_dumps(tmp_path: Path, prog: str) -> None:
+    if prog == "torch":
+        pytest.importorskip("torch")
+    source = PROG if prog == "numpy" else TORCH_PROG
+    got = {}
+    for engine in ("native", "python"):
+        r = run_script(tmp_path / engine, source,
+                       env={"PPROBE_CORE": engine, "PPROBE_MODE": "dump"}).check()  # fmt: skip
+        m = meta(r.run_dir)
+        assert m["core"]["engine"] == engine
+        assert not m["errors"], r.err
+        got[engine] = _table(r.run_dir)
+    for n, p in zip(got["native"], got["python"]):
+        assert n == p
+    assert len(got["native"]) == len(got["python"])
+    rows = got["native"]
+    dumped = [a for row in rows for a in row[5] if a[7] is not None]
+    assert len(dumped) > (60 if prog == "numpy" else 12)
+    if prog == "numpy":
+        names = {a[7] for a in dumped}
+        assert "op_numpy.divmod_output1_PID-" in " ".join(names)
+        assert any(re.search(r"op_numpy.split_output69_PID-\d+\.npy", n) for n in names)
+        notes = {a[8] for row in rows for a in row[5]}
+        assert "out= buffer" in notes
+        assert any(n and n.startswith("uninitialised memory") for n in notes)
+        assert any(n and "object dtype" in n for n in notes)
+        # a + b and c += 1: each output is its inputs' sum (the inputs' values before the
+        # call, also where the call writes into its input)
+        adds = [row for row in rows
+                if row[0] in ("numpy.ndarray.__add__", "numpy.ndarray.__iadd__")]  # fmt: skip
+        assert len(adds) == 3
+        for row in adds:
+            ins = {a[1]: a[9] for a in row[5] if a[0] == "input"}
+            (out,) = [a[9] for a in row[5] if a[0] == "output"]
+            x = np.frombuffer(ins["0"][2]).reshape(ins["0"][1])
+            if "1" in ins:
+                y: Any = np.frombuffer(ins["1"][2]).reshape(ins["1"][1])
+            else:  # + 2, += 1: the args say
+                assert row[4] in ("1=1", "1=2")
+                y = int(row[4][2:])
+            assert np.frombuffer(out[2]).reshape(out[1]).tolist() == (x + y).tolist()
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_native_core_records_dump_mode_itself(tmp_path: Path) -> None:
+    """The core takes dump mode's calls: one _native_dump per array, in the order of the
+    call's inputs (before the call) and outputs (kind 1: the one output, 2: one of several).
+    The Python engine's path never calls it. A dump that raises costs that array its dump
+    only: it is reported, and the row is kept."""
+    r = run_script(
+        tmp_path,
+        """
+        import json, sys
+        import numpy as np
+        from pprobe import _native, core, recorder
+        calls = []
+        real = recorder._native_dump
+
+        def counting(x, op, seq, kind, idx, header):
+            calls.append(kind)
+            if len(calls) == 7:  # np.divmod's first input
+                raise RuntimeError("a failing dump")
+            return real(x, op, seq, kind, idx, header)
+
+        _native.set_dump(counting)
+        a = np.arange(4.0)     # one output
+        np.add(a, a)           # 2 inputs + 1 output
+        np.divmod(a, a + 1)    # a + 1 (an input, an output), then 2 inputs + 2 outputs
+        print(json.dumps({"engine": core.ENGINE, "calls": calls}))
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump"},
+    ).check()
+    import json
+
+    out = json.loads(r.out.strip().splitlines()[-1])
+    assert out["engine"] == "native"
+    assert out["calls"] == [1, 0, 0, 1, 0, 1, 0, 0, 2, 2]
+    m = meta(r.run_dir)
+    assert any("writing dumps" in e.get("where", str(e)) for e in m["errors"]), m["errors"]
+    (dm,) = ops(r.run_dir, "op = 'numpy.divmod'")
+    ts = tensors(r.run_dir, f"seq = {dm['seq']}")
+    paths = {(t["role"], t["idx"]): t["dump_path"] for t in ts}
+    assert paths[("input", "0")] is None  # the raising one: no dump, the row is kept
+    assert paths[("input", "1")] and paths[("output", "0")] and paths[("output", "1")]
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_cores_npy_headers_are_pythons(tmp_path: Path) -> None:
+    """The .npy header the core makes for an ndarray of a builtin numeric dtype is
+    dumps.npy_header's, byte for byte; other dtypes and deep shapes are left to Python."""
+    r = run_script(
+        tmp_path,
+        """
+        import numpy as np
+        from numpy.lib.stride_tricks import as_strided
+        from pprobe import _native, dumps
+        made = 0
+        shapes = [(), (3,), (3, 4), (1,) * 8, (0,), (2**40, 1), (123456789, 3, 2), (1,) * 9]
+        for dt in [*"?bBhHiIlLqQefdgFDG", "O", "S3", "U2", "M8[ns]", "m8", ">f8", "V4"]:
+            for shape in shapes:
+                a = as_strided(np.zeros((1,) * len(shape), dtype=dt), shape, (0,) * len(shape))
+                h = _native.npy_header(a)
+                if len(dt) > 1 or dt == "O" or len(shape) > 8:
+                    assert h is None, (dt, shape, h)
+                else:
+                    assert h == dumps.npy_header(a.dtype, a.shape), (dt, shape, h)
+                    made += 1
+        assert _native.npy_header(np.float64(2.0)) is None
+        assert _native.npy_header(np.ma.masked_array([1.0])) is None  # subclasses: Python's
+        assert _native.npy_header([1.0]) is None
+        print(made)
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "log"},
+    ).check()
+    assert r.out.strip().splitlines()[-1] == "126"
