@@ -2819,7 +2819,8 @@ static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
 /* utf8_column(items, ids=None) -> (null count, validity bitmap or None, offsets, data): an
    Arrow utf8 column's buffers (int32 offsets, LSB-first bitmap) for the writer
    (pprobe.writer, whose Python twin joins the same bytes with bytes.join).
-   Without ids, items is a list with a bytes or None per row. With ids (an int64 buffer), row
+   Without ids, items is a list with a bytes, str (its UTF-8; a str that has none, such as a
+   lone surrogate, raises UnicodeEncodeError) or None per row. With ids (an int64 buffer), row
    k is items[ids[k] + 1], the table of string ids' UTF-8 bytes (items[0] is b""), and an id
    below 0 is a null. */
 static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -2869,11 +2870,16 @@ static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t n
                 continue;
             }
         }
-        if (!PyBytes_Check(it)) {
-            PyErr_SetString(PyExc_TypeError, "utf8_column: items must be bytes (or None)");
+        Py_ssize_t len;
+        if (PyBytes_Check(it)) {
+            len = PyBytes_GET_SIZE(it);
+        } else if (PyUnicode_Check(it)) { /* its UTF-8 (kept by the str: ASCII is its data) */
+            if (!PyUnicode_AsUTF8AndSize(it, &len)) goto done; /* a lone surrogate */
+        } else {
+            PyErr_SetString(PyExc_TypeError, "utf8_column: items must be bytes, str or None");
             goto done;
         }
-        total += PyBytes_GET_SIZE(it);
+        total += len;
         if (total >= ((int64_t)1 << 31)) {
             PyErr_SetString(PyExc_ValueError, "a string column of 2 GiB or more in one batch");
             goto done;
@@ -2887,7 +2893,9 @@ static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t n
         Py_ssize_t len = off[k + 1] - off[k];
         if (!len) continue;
         PyObject *it = ids ? PyList_GET_ITEM(items, ids[k] + 1) : PyList_GET_ITEM(items, k);
-        memcpy(dst + off[k], PyBytes_AS_STRING(it), (size_t)len);
+        const char *src = PyBytes_Check(it) ? PyBytes_AS_STRING(it) : PyUnicode_AsUTF8(it);
+        if (!src) goto done;
+        memcpy(dst + off[k], src, (size_t)len);
     }
     if (nulls) {
         bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);

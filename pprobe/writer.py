@@ -363,17 +363,28 @@ class Writer:
             elif isinstance(st, str):
                 notes[d] = st
         path_ref, note_ref = ds["path"], ds["note"]
-        for d in np.flatnonzero(note_ref >= 0).tolist():
-            notes[d] = objs[int(note_ref[d])]
-        with_path = np.flatnonzero(path_ref >= 0).tolist()
+        with_note = np.flatnonzero(note_ref >= 0)
+        got = list(map(objs.__getitem__, note_ref[with_note].tolist()))
+        if not lazy and got:  # (device statistics' notes are already in notes)
+            notes = _placed(np, m, with_note, got)
+        else:
+            for d, note in zip(with_note.tolist(), got):
+                notes[d] = note
+        with_path_a = np.flatnonzero(path_ref >= 0)
+        with_path = with_path_a.tolist()
+        has_path = path_ref >= 0
+        got = list(map(objs.__getitem__, path_ref[with_path_a].tolist()))
         queued = False
-        for d in with_path:
-            p = objs[int(path_ref[d])]
-            if p.__class__ is not str:  # values.Lazy: a dump still being copied off a device
-                p, note2 = values.resolve(p, "deferred dump") or (None, "not dumped")
-                notes[d] = note2 or notes[d]
-                queued = queued or p is not None
-            paths[d] = p
+        if got and set(map(type, got)) == {str}:  # dumps written on the program's thread
+            paths = _placed(np, m, with_path_a, got)
+        else:
+            for d, p in zip(with_path, got):
+                if p.__class__ is not str:  # values.Lazy: a dump still being copied off a device
+                    p, note2 = values.resolve(p, "deferred dump") or (None, "not dumped")
+                    notes[d] = note2 or notes[d]
+                    queued = queued or p is not None
+                    has_path[d] = p is not None
+                paths[d] = p
         # Dumps resolved just now were queued after the flush's wait: wait once more for them.
         dumper = recorder._dumper
         failed = dumper.barrier() if queued and dumper is not None else self._failed_dumps
@@ -382,7 +393,8 @@ class Writer:
                 if paths[d] in failed:  # the dump writer could not write it
                     notes[d] = failed[paths[d]]
                     paths[d] = None
-        codec_cols = self._codec_columns(np, A, dumper, paths, with_path, m)
+                    has_path[d] = False
+        codec_cols = self._codec_columns(np, A, dumper, paths, with_path, has_path, m)
         has_stats = stats_kind != records.STATS_NONE
         grad = ds["grad"]
         t_cols = [
@@ -397,17 +409,25 @@ class Writer:
             A.bools(np, grad == 1, grad >= 0),
             *(_stat_floats(np, A, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
             *(A.ints(np, cols[f], A.INT64, cols[f] >= 0) for f in ("nan", "inf")),
-            A.texts(np, paths),
-            A.texts(np, notes),
+            _str_column(np, paths),
+            _str_column(np, notes),
             *codec_cols,
         ]
         return ops_batch, A.Batch(logschema.TENSORS, m, t_cols)
 
     def _codec_columns(
-        self, np: Any, A: Any, dumper: Any, paths: list, with_path: list, m: int
+        self, np: Any, A: Any, dumper: Any, paths: list, with_path: list, has_path: Any, m: int
     ) -> tuple:
         """dump_codec, dump_max_abs_error, dump_bytes of the rows that point to a dump (the
-        dump writer has written them: barrier)."""
+        dump writer has written them: barrier). ``has_path``: the rows whose path is set."""
+        if dumper is not None and dumper.codec == "npy":  # each dump: ("npy", 0.0, None)
+            npy = records.sid("npy")
+            self._strings.refresh()  # (a new id on the first call)
+            return (
+                self._strings.gather(np.where(has_path, npy, -1)),
+                _stat_floats(np, A, np.zeros(m), has_path),
+                A.nulls(np, A.INT64, m),
+            )
         codec: list = [None] * m
         err = np.zeros(m)
         size = np.zeros(m, dtype=np.int64)
@@ -662,6 +682,29 @@ def _utf8(np: Any, items: list) -> Any:
     np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
     valid = np.fromiter((v is not None for v in items), dtype=bool, count=n) if nulls else None
     return A.strings(np, offsets, data, valid)
+
+
+def _placed(np: Any, m: int, rows: Any, items: list) -> list:
+    """A list of ``m`` values: ``items`` at ``rows``, None elsewhere (NumPy's loops)."""
+    out = np.full(m, None, dtype=object)
+    out[rows] = np.fromiter(items, dtype=object, count=len(items))
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+def _str_column(np: Any, vals: list) -> Any:
+    """A utf8 column of str or None per row (dump paths, notes): the native core's
+    utf8_column, or arrowipc.texts (its twin, also where a str has no UTF-8)."""
+    native = core.native
+    if native is not None and vals:
+        try:
+            k, bitmap, offsets, data = native.utf8_column(vals)
+        except (TypeError, UnicodeError):
+            pass
+        else:
+            if k == len(vals):
+                return A.nulls(np, A.UTF8, k)
+            return A.Column(len(vals), k, [bitmap, offsets, data])
+    return A.texts(np, vals)
 
 
 def _const_int(np: Any, A: Any, v: int | None, n: int) -> Any:

@@ -85,7 +85,13 @@ def test_string_ids_gather_to_the_strings(engine: str, n: int) -> None:
 def test_utf8_column_refuses_what_it_cannot_encode() -> None:
     fn = core.native.utf8_column  # type: ignore[union-attr]
     with pytest.raises(TypeError):
-        fn([b"a", "not bytes"])
+        fn([b"a", 3])
+    with pytest.raises(UnicodeEncodeError):  # a str with no UTF-8: the writer's twin takes it
+        fn(["a", "lone \ud800"])
+    # str rows (dump paths, notes) are their UTF-8, as arrowipc.texts encodes them
+    k, bitmap, offsets, data = fn(["é", None, b"x", "ab"])
+    assert (k, data, bitmap) == (1, "é".encode() + b"xab", bytes([0b1101]))
+    assert np.frombuffer(offsets, dtype=np.int32).tolist() == [0, 2, 2, 3, 5]
     with pytest.raises(IndexError):
         fn([b"", b"a"], np.array([0, 5], dtype=np.int64))
     with pytest.raises(TypeError):
