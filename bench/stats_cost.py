@@ -1,15 +1,16 @@
-"""Stats mode's cost (issue #10): the micro benchmarks and the two MLPs, stats mode only.
+"""Stats or dump mode's cost (issue #10): the micro benchmarks and the two MLPs, one mode.
 
 python -m bench.stats_cost [--rounds 5] [--steps 200] [--base DIR] [--only micro_numpy,...]
+                           [--mode stats|dump]
 
 Variants, interleaved round by round (drift cancels within a round): ``none`` (unprobed),
-``log (native)`` and ``stats`` with this tree's pprobe, and, with ``--base DIR``, ``stats
-(base)``: the same bootstrap importing the pprobe package found in DIR first (a checkout of
-an earlier commit with its extensions built in place, ``python setup.py build_ext
---inplace``). Programs are timed on the children's CPU clock (the harness's default), like
-``python -m bench``. Figures: per-call medians (ns) for the micro workloads and, for the MLPs,
-the median of the rounds' ratios of total CPU seconds to the unprobed run, with a bootstrap
-95 % interval.
+``log (native)`` and ``stats`` (or ``dump``, default settings: the default dump budget)
+with this tree's pprobe, and, with ``--base DIR``, ``stats (base)``: the same bootstrap
+importing the pprobe package found in DIR first (a checkout of an earlier commit with its
+extensions built in place, ``python setup.py build_ext --inplace``). Programs are timed on
+the children's CPU clock (the harness's default), like ``python -m bench``. Figures:
+per-call medians (ns) for the micro workloads and, for the MLPs, the median of the rounds'
+ratios of total CPU seconds to the unprobed run, with a bootstrap 95 % interval.
 """
 
 from __future__ import annotations
@@ -24,15 +25,15 @@ from .harness import Outcome, Variant, interleave, median, paired_ci
 WORKLOADS = ("micro_numpy", "micro_torch", "mlp_torch", "numpy_mlp")
 
 
-def _variants(torch: bool, base: str | None) -> list[Variant]:
+def _variants(torch: bool, base: str | None, mode: str = "stats") -> list[Variant]:
     vs = [
         Variant("none"),
         Variant("log (native)", probe=True, env={"PPROBE_MODE": "log"}, needs_torch=torch,
                 engine="native"),
-        Variant("stats", probe=True, env={"PPROBE_MODE": "stats"}, needs_torch=torch),
+        Variant(mode, probe=True, env={"PPROBE_MODE": mode}, needs_torch=torch),
     ]  # fmt: skip
     if base:
-        vs.append(Variant("stats (base)", probe=True, env={"PPROBE_MODE": "stats"},
+        vs.append(Variant(f"{mode} (base)", probe=True, env={"PPROBE_MODE": mode},
                           needs_torch=torch, pythonpath=base))  # fmt: skip
     return vs
 
@@ -43,19 +44,20 @@ def _total(o: Outcome) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m bench.stats_cost", description=__doc__.split("\n")[0]
+        prog="python -m bench.stats_cost", description=(__doc__ or "").split("\n")[0]
     )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--base", help="a tree whose pprobe package is measured as 'stats (base)'")
     p.add_argument("--only", default=",".join(WORKLOADS))
+    p.add_argument("--mode", default="stats", choices=("stats", "dump"), help="the mode measured")
     p.add_argument("--json", help="write the figures there")
     a = p.parse_args(argv)
     common = {"clock": "cpu", "torch_threads": 1}
     out: dict[str, Any] = {"load_before": os.getloadavg()}
     for w in a.only.split(","):
         torch = "torch" in w
-        vs = _variants(torch, a.base)
+        vs = _variants(torch, a.base, a.mode)
         if w.startswith("micro"):
             args = {**common, "n": 100_000 if torch else 200_000, "reps": 5, "target_s": 0.25}
         else:
