@@ -412,6 +412,21 @@ class TorchHandler:
             q.__exit__()
 
     def dumpable(self, x: Any) -> tuple[Any, str | None]:
+        if (
+            x.__class__ in _PLAIN
+            and not _tf_mode_enabled()
+            and x.is_cpu
+            and x.layout is _STRIDED
+            and x.dtype in NUMPY_DTYPES
+            and not x.is_nested
+            and not x.is_conj()
+            and not x.is_neg()
+            and (_is_functorch_wrapped is None or not _is_functorch_wrapped(x))
+        ):
+            # a plain CPU tensor of a NumPy dtype, read in place with no torch op (for it the
+            # general path's detach, resolve_conj/resolve_neg and view change nothing); no
+            # torch function mode would see the attribute reads
+            return host_array(x), None
         why = unreadable(x)
         if why is not None:
             return None, why
