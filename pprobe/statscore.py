@@ -1,4 +1,4 @@
-"""Statistics inside the native recording core (stats mode, native engine).
+"""Statistics inside the native recording core (stats and dump modes, native engine).
 
 pprobe/_native.c records a NumPy call in stats mode itself when pprobe/_dumpio.c's one-pass
 statistics are loaded: it reads each array's buffer through _dumpio's capsule (no Python call,
@@ -8,7 +8,8 @@ input and the outputs of an op whose outputs are uninitialised memory get a note
 statistics; arrays the C code does not read (complex, byte-swapped, string, object dtypes) are
 statted by the Python handler (:func:`_fallback`), giving the same numbers as the Python engine.
 Torch tensors (the api level's calls, and tensors in NumPy calls) are described by the core and
-statted by the torch handler (:func:`_tensor_stats`). Dumps, ``PPROBE_DTYPES`` and
+statted by the torch handler (:func:`_tensor_stats`). Dump mode takes the statistics the same
+way and hands each described array to ``recorder._native_dump``. ``PPROBE_DTYPES`` and
 ``PPROBE_ON_NAN`` keep the calls on the Python engine's path.
 """
 

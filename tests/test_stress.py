@@ -24,7 +24,9 @@ of the program, without the bootstrap: ``with pprobe.probe(mode="log"):`` around
 fork, while the threads keep running, each block being one run folder.
 
 The engine is chosen with ``PPROBE_CORE`` (python / native); the native one is skipped where
-``pprobe._native`` does not import.
+``pprobe._native`` does not import. The bootstrap runs are in stats mode and in dump mode (the
+native core records both itself; in dump mode every thread's arrays also go through the one
+dumper, its budget lock and its queue).
 """
 
 from __future__ import annotations
@@ -334,12 +336,13 @@ def _check_log(run_dir: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("mode", ["stats", "dump"])
 def test_threads_forks_and_toggles_record_everything_and_change_nothing(
-    tmp_path: Path, core: str
+    tmp_path: Path, core: str, mode: str
 ) -> None:
     env = {
         **_engine_env(core),
-        "PPROBE_MODE": "stats",
+        "PPROBE_MODE": mode,
         "PPROBE_FLUSH_ROWS": "512",
         "PPROBE_FLUSH_SECONDS": "0.05",
     }

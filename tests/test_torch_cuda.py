@@ -71,7 +71,12 @@ def test_device_statistics_match_numpys_and_lazy_values_resolve_in_the_writer(
     ).check()
     out = json.loads(r.out.strip().splitlines()[-1])
     assert all(out["same"]), out
-    assert out["waited"] >= 8  # every stats/dump value waited for its event, in the writer
+    # Every stand-in value waited for its event, in the writer: the 5 dumps (linspace's
+    # output, mul's input and output, bfloat16's input and output) and, with the Python
+    # engine, the 5 statistics too. The native core reads a CPU tensor's statistics itself
+    # in C (a real CUDA tensor's go to the handler: the GPU tests below).
+    native = meta(r.run_dir)["core"]["engine"] == "native"
+    assert out["waited"] >= (5 if native else 10), out
     run = r.run_dir
     assert not meta(run)["errors"], r.err
     (mul,) = ops(run, "op = 'torch.Tensor.mul'")
