@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
 #error "pprobe._native supports CPython 3.10 to 3.13"
@@ -110,6 +111,7 @@ static PyObject *py_import_frame = NULL; /* recorder._IMPORT_FRAME */
  * outputs (idx: its position in the result); header: its .npy header (npy_header_of) or
  * None. Set by set_dump. */
 static PyObject *py_dump = NULL;
+static PyObject *g_records_mod = NULL; /* pprobe.records (its strings), for dump names */
 static PyObject *py_idx_strs = NULL;     /* tuple of "0".."63" */
 static int32_t s_ok, s_input, s_output, s_cpu, s_idx0;
 
@@ -1637,6 +1639,208 @@ static PyObject *npy_header_of(PyObject *x) {
 
 static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(x); }
 
+/* Dump mode: the common dump made here, the twin of Dumper._dump (pprobe/dumps.py) for a
+ * C-contiguous plain ndarray of a numeric dtype (its header made by npy_header_of) when the
+ * dumper keeps no ring, writes npy through the native queue and waits when it is full
+ * (recorder hands it over only then: set_dumper). The name (a cached op_{op}_{which}_ head,
+ * then {pid}-{seq}.npy), the content's key (the dumper's c_digest of the memory, 64 bytes
+ * and more), the seen-content dict, the budget counters and the queue's submit are the
+ * dumper's own objects, taken under its lock (a non-blocking acquire). Whatever this does not
+ * take (budget past the chunks held, the first dump, exhaustion, a busy lock, a long name) is
+ * left to Python before anything changed: *done = 0. */
+static PyObject *g_dumper = NULL, *g_dump_submit = NULL, *g_dump_head = NULL;
+static PyObject *str_lock, *str_seen, *str_n, *str_exhausted, *str_disk_full, *str_dirfd,
+    *str_c_digest, *str_pack, *str_nbytes, *str_acquire, *str_release, *str_unsubmit,
+    *str_op_name;
+/* (op index + 1, kind << 40 | idx) -> a = the name's head (str, owned) */
+static Map2 g_dump_heads;
+#define NPY_C_CONTIGUOUS 0x0001
+#define DUMP_SEEN_MAX (1 << 16)
+
+static PyObject *dump_head(Py_ssize_t opi, int kind, Py_ssize_t idx) {
+    intptr_t k2 = ((intptr_t)kind << 40) | (intptr_t)idx;
+    Slot2 *s = map2_find(&g_dump_heads, (void *)(intptr_t)(opi + 1), k2);
+    if (s) return (PyObject *)s->a;
+    PyObject *op = PyList_GetItem(g_ops_list, opi); /* borrowed */
+    PyObject *name = op ? PyObject_GetAttr(op, str_op_name) : NULL;
+    PyObject *which = NULL, *head = NULL;
+    if (name) {
+        if (kind == 0) {
+            PyObject *strs = PyObject_GetAttrString(g_records_mod, "strings");
+            PyObject *arg = strs ? PySequence_GetItem(strs, idx) : NULL;
+            which = arg ? PyUnicode_FromFormat("input%U", arg) : NULL;
+            Py_XDECREF(arg);
+            Py_XDECREF(strs);
+        } else {
+            which = kind == 1 ? PyUnicode_FromString("output")
+                              : PyUnicode_FromFormat("output%zd", idx);
+        }
+    }
+    if (which) head = PyObject_CallFunctionObjArgs(g_dump_head, name, which, NULL);
+    Py_XDECREF(name);
+    Py_XDECREF(which);
+    if (!head) return NULL;
+    if (!PyUnicode_Check(head) || g_dump_heads.n >= 65536) {
+        Py_DECREF(head);
+        PyErr_SetString(PyExc_TypeError, "dump head");
+        return NULL;
+    }
+    s = map2_put(&g_dump_heads, (void *)(intptr_t)(opi + 1), k2);
+    if (!s) {
+        Py_DECREF(head);
+        return NULL;
+    }
+    s->a = (intptr_t)head;
+    return head;
+}
+
+static int attr_true(PyObject *o, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_t seq,
+                           int kind, Py_ssize_t idx, int *done) {
+    *done = 0;
+    PyObject *d = g_dumper;
+    if (!d || header == Py_None || !(((NpyArrayFields *)x)->flags & NPY_C_CONTIGUOUS)) return NULL;
+    PyObject *lock = NULL, *seen = NULL, *nobj = NULL, *dg = NULL, *digest = NULL, *key = NULL;
+    PyObject *name = NULL, *nb = NULL, *pk = NULL, *res = NULL, *out = NULL;
+    Py_buffer nbuf = {0};
+    int locked = 0;
+    if (attr_true(d, str_exhausted) != 0 || attr_true(d, str_disk_full) != 0) goto python;
+    PyObject *fd = PyObject_GetAttr(d, str_dirfd);
+    long dirfd = fd ? PyLong_AsLong(fd) : -1;
+    Py_XDECREF(fd);
+    if (dirfd < 0) goto python;
+    if (!(dg = PyObject_GetAttr(d, str_c_digest)) || dg == Py_None) goto python;
+    PyObject *head = dump_head(opi, kind, idx); /* borrowed */
+    if (!head) goto python;
+    name = PyUnicode_FromFormat("%U%ld-%lld.npy", head, (long)getpid(), (long long)seq);
+    if (!name || PyUnicode_GET_LENGTH(name) > 200) goto python; /* dumps.NAME_MAX */
+    if (!(nb = PyObject_GetAttr(x, str_nbytes))) goto python;
+    long long nbytes = PyLong_AsLongLong(nb);
+    if (nbytes < 0) goto python;
+    if (nbytes >= 64) {
+        digest = PyObject_CallOneArg(dg, x);
+        if (!digest) PyErr_Clear(); /* no buffer: not deduplicated, as Python's digest */
+        else if (digest != Py_None && !(key = PyTuple_Pack(2, digest, header))) goto python;
+    }
+    long long total = PyBytes_GET_SIZE(header) + nbytes;
+    if (!(pk = PyObject_GetAttr(d, str_pack))) goto python;
+    long long pack_max = PyLong_AsLongLong(pk);
+    if (!(lock = PyObject_GetAttr(d, str_lock)) || !(seen = PyObject_GetAttr(d, str_seen)) ||
+        !PyDict_Check(seen) || !(nobj = PyObject_GetAttr(d, str_n)))
+        goto python;
+    if (PyObject_GetBuffer(nobj, &nbuf, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) goto python;
+    if (nbuf.itemsize != 8 || nbuf.len < 24) goto python;
+    PyObject *r = PyObject_CallMethodOneArg(lock, str_acquire, Py_False);
+    locked = r == Py_True;
+    Py_XDECREF(r);
+    if (!locked) goto python; /* another thread is in the dumper: Python waits for it */
+    int64_t *n = (int64_t *)nbuf.buf; /* Dumper._n: held, used, linked, ... */
+    PyObject *first = key ? PyDict_GetItemWithError(seen, key) : NULL; /* borrowed */
+    if (!first && PyErr_Occurred()) goto python;
+    if (!first) {
+        if (n[1] + total > n[0]) goto python; /* a new budget chunk: Dumper._reserve */
+        if (key) {
+            if (PyDict_GET_SIZE(seen) >= DUMP_SEEN_MAX) PyDict_Clear(seen);
+            if (PyDict_SetItem(seen, key, name) < 0) goto python;
+        }
+        n[1] += total;
+    } else {
+        n[2] += 1;
+    }
+    Py_XINCREF(first); /* seen may change once the lock is released */
+    r = PyObject_CallMethodNoArgs(lock, str_release);
+    Py_XDECREF(r);
+    locked = 0;
+    PyBuffer_Release(&nbuf);
+    if (!r) {
+        Py_XDECREF(first);
+        goto fail;
+    }
+    int pack = total <= pack_max;
+    PyObject *argv[6] = {name, first ? PyBytes_FromStringAndSize(NULL, 0) : Py_NewRef(header),
+                         first ? Py_None : x, first ? first : Py_None, Py_True,
+                         pack ? Py_True : Py_False};
+    res = argv[1] ? PyObject_Vectorcall(g_dump_submit, argv, 6, NULL) : NULL;
+    Py_XDECREF(argv[1]);
+    if (res == Py_False) { /* refused (the writer is gone): what Python does then */
+        PyObject *tot = PyLong_FromLongLong(total);
+        out = tot ? PyObject_CallMethodObjArgs(d, str_unsubmit, key ? key : Py_None, name,
+                                               first ? first : Py_None, tot, NULL)
+                  : NULL;
+        Py_XDECREF(tot);
+        Py_XDECREF(first);
+        *done = out != NULL;
+        if (!out) goto fail;
+        goto end;
+    }
+    Py_XDECREF(first);
+    if (!res) goto fail;
+    out = PyTuple_Pack(2, name, Py_None);
+    *done = out != NULL;
+    if (!out) goto fail;
+    goto end;
+python: /* nothing was changed: the Python dumper takes this array */
+    PyErr_Clear();
+    if (locked) {
+        PyObject *rr = PyObject_CallMethodNoArgs(lock, str_release);
+        Py_XDECREF(rr);
+        PyErr_Clear();
+    }
+    if (nbuf.obj) PyBuffer_Release(&nbuf);
+    goto end;
+fail: /* after the dump's bytes were taken from the budget: reported, no dump in the row */
+    *done = -1;
+end:
+    Py_XDECREF(lock);
+    Py_XDECREF(seen);
+    Py_XDECREF(nobj);
+    Py_XDECREF(dg);
+    Py_XDECREF(digest);
+    Py_XDECREF(key);
+    Py_XDECREF(name);
+    Py_XDECREF(nb);
+    Py_XDECREF(pk);
+    Py_XDECREF(res);
+    return out;
+}
+
+static PyObject *set_dumper(PyObject *self, PyObject *args) {
+    /* set_dumper(dumper, submit, head) or set_dumper(None): see dump_fast */
+    PyObject *d, *submit = Py_None, *head = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OO", &d, &submit, &head)) return NULL;
+    if (d != Py_None && (!PyCallable_Check(submit) || !PyCallable_Check(head))) {
+        PyErr_SetString(PyExc_TypeError, "set_dumper(dumper, submit, head)");
+        return NULL;
+    }
+#define INTERN(v, s) if (!v && !(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(str_lock, "lock");
+    INTERN(str_seen, "seen");
+    INTERN(str_n, "_n");
+    INTERN(str_exhausted, "exhausted");
+    INTERN(str_disk_full, "disk_full");
+    INTERN(str_dirfd, "dirfd");
+    INTERN(str_c_digest, "c_digest");
+    INTERN(str_pack, "pack");
+    INTERN(str_nbytes, "nbytes");
+    INTERN(str_acquire, "acquire");
+    INTERN(str_release, "release");
+    INTERN(str_unsubmit, "unsubmit");
+    INTERN(str_op_name, "name");
+#undef INTERN
+    if (!g_records_mod && !(g_records_mod = PyImport_ImportModule("pprobe.records"))) return NULL;
+    Py_XSETREF(g_dumper, d == Py_None ? NULL : Py_NewRef(d));
+    Py_XSETREF(g_dump_submit, d == Py_None ? NULL : Py_NewRef(submit));
+    Py_XSETREF(g_dump_head, d == Py_None ? NULL : Py_NewRef(head));
+    Py_RETURN_NONE;
+}
+
 /* Dump the described arrays from desc `from` on (inputs before the call, outputs after it):
  * each record gets its dump's path and note (a note replaces the statistics' note, as in
  * recorder._describe). An out= input and uninitialised outputs are not dumped. A failure is
@@ -1662,9 +1866,14 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         PyObject *o_idx = PyLong_FromSsize_t(output ? ds->src[i].pos : r->idx);
         PyObject *o_head = o_kind && o_idx ? npy_header_of(x) : NULL;
         PyObject *res = NULL;
+        int done = 0;
         if (o_head) {
-            PyObject *argv[6] = {x, o_op, o_seq, o_kind, o_idx, o_head};
-            res = PyObject_Vectorcall(py_dump, argv, 6, NULL);
+            res = dump_fast(x, o_head, opi, seq, output ? 1 + many : 0,
+                            output ? ds->src[i].pos : r->idx, &done);
+            if (!done) {
+                PyObject *argv[6] = {x, o_op, o_seq, o_kind, o_idx, o_head};
+                res = PyObject_Vectorcall(py_dump, argv, 6, NULL);
+            }
         }
         Py_XDECREF(o_kind);
         Py_XDECREF(o_idx);
@@ -3012,6 +3221,8 @@ static PyMethodDef methods[] = {
     {"set_dump", set_dump, METH_O,
      "set_dump(fn or None): fn(x, op, seq, kind, idx, header) -> (path, note) dumps dump "
      "mode's arrays"},
+    {"set_dumper", set_dumper, METH_VARARGS,
+     "set_dumper(dumper, submit, head) or set_dumper(None): dump mode's common dumps in C"},
     {"npy_header", npy_header, METH_O,
      "npy_header(x): the .npy header of a plain ndarray of a builtin numeric dtype, else None"},
     {"set_other_pair", set_other_pair, METH_VARARGS,

@@ -91,16 +91,21 @@ def _safe_arg(s: str) -> str:
 _heads: dict[tuple[str, str], str] = {}
 
 
+def head_of(op: str, which: str) -> str:
+    """``op_{op}_{which}_``, both parts sanitised: the start of every dump name of ``op``'s
+    ``which`` (kept in ``_heads``; the native core keeps its own copy per op and argument)."""
+    head = f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_"
+    if len(_heads) < 65536:
+        _heads[op, which] = head
+    return head
+
+
 def file_name(op: str, which: str, prefix: str, codec: str = "npy") -> str:
     """``op_{op}_{which}_{prefix}.npy`` with every part sanitised; cut with a hash if long.
     Another codec than npy appends its name: ``....npy.zstd`` (pprobe.codecs)."""
     if codec != "npy":
         return file_name(op, which, prefix) + "." + codec
-    head = _heads.get((op, which))
-    if head is None:
-        head = f"op_{_part(op, _ops, safe_name)}_{_part(which, _args, _safe_arg)}_"
-        if len(_heads) < 65536:
-            _heads[op, which] = head
+    head = _heads.get((op, which)) or head_of(op, which)
     # a {pid}-{seq} prefix is safe as it is (ASCII digits and one dash): no regex for it
     if not (prefix.isascii() and prefix.replace("-", "", 1).isdigit()):
         prefix = _safe_arg(prefix)
@@ -460,8 +465,9 @@ def _io() -> tuple[Any, str]:
     return PyQueue(), "python"
 
 
-def _content_hash(io: Any) -> tuple[Any, str]:
-    """(digest(array) -> bytes or None, its name for meta.json's ``dumps.content_hash``).
+def _content_hash(io: Any) -> tuple[Any, str, Any]:
+    """(digest(array) -> bytes or None, its name for meta.json's ``dumps.content_hash``, the
+    hash function it calls on a C-contiguous array's memory).
 
     XXH3-128 (the ``xxhash`` package: ~60 GB/s here, 8x pprobe's own 128-bit hash) where it is
     installed; else the dump writer's own (``pprobe``: _dumpio.c's, or ``blake2b`` for the
@@ -493,7 +499,7 @@ def _content_hash(io: Any) -> tuple[Any, str]:
             pass
         return None
 
-    return digest, name
+    return digest, name, raw
 
 
 def _seq_of(prefix: str) -> int:
@@ -547,6 +553,9 @@ class Dumper:
                 self.io.digest = native.digest  # type: ignore[method-assign]
         # chosen at the first dump: xxhash is imported only by a process that dumps
         self.digest: Any = None
+        #: the hash function behind ``digest`` for a C-contiguous array's memory (the native
+        #: core's dumps call it directly)
+        self.c_digest: Any = None
         self.content_hash: str | None = None
         self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
         self.dirfd = -1
@@ -699,7 +708,7 @@ class Dumper:
             if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
                 a = a.view("i8")
         if self.digest is None:
-            self.digest, self.content_hash = _content_hash(self.io)
+            self.digest, self.content_hash, self.c_digest = _content_hash(self.io)
         nbytes = a.nbytes
         digest = self.digest(a) if nbytes >= 64 else None
         key = (digest, header) if digest is not None else None
@@ -747,21 +756,29 @@ class Dumper:
             ok = self.io.submit(name, header, a if self.codec == "npy" else orig, None,
                                 self.wait_when_full, pack)  # fmt: skip
         if not ok:
-            with self.lock:
-                if first is None:
-                    if not held:
-                        self.used -= total
-                    if key is not None and self.seen.get(key) == name:
-                        del self.seen[key]
-                else:
-                    self.linked -= 1
-                self.skipped += 1
-            return None, "not dumped: the dump queue is full (PPROBE_DUMP_FULL=skip)"
+            return self.unsubmit(key, name, first, total, held)
         if group is not None:
             with self.lock:
                 seq = _seq_of(prefix)
                 ring.add(group, name, seq, key, 0 if first is not None else total, held, first)
         return name, None
+
+    def unsubmit(
+        self, key: Any, name: str, first: str | None, total: int, held: bool = False
+    ) -> tuple[None, str]:
+        """The queue refused the dump ``name`` (PPROBE_DUMP_FULL=skip): give its bytes back
+        (``held``: they were outside the budget), forget its content (or, for an alias of
+        ``first``, the link); the row's (path, note)."""
+        with self.lock:
+            if first is None:
+                if not held:
+                    self.used -= total
+                if key is not None and self.seen.get(key) == name:
+                    del self.seen[key]
+            else:
+                self.linked -= 1
+            self.skipped += 1
+        return None, "not dumped: the dump queue is full (PPROBE_DUMP_FULL=skip)"
 
     def nan_origin(self) -> list[int]:
         """PPROBE_ON_NAN=dump: the first NaN origin came; the steps whose dumps are kept."""

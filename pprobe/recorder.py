@@ -182,6 +182,8 @@ def configure(
     _dtypes = frozenset(cfg.dtypes)
     _flush_rows = cfg.flush_rows
     _dumper = dumper
+    if _native is not None:
+        _native.set_dumper(*_dumper_in_core(dumper))
     _wake = wake
     _pid = os.getpid()
     _set_default_phase("other" if _training else "init")
@@ -1195,6 +1197,25 @@ def _dump_one(name: str, which: str, x: Any, h: Any, prefix: str) -> tuple[Any, 
     else:
         path, note2 = _dumper.dump(arr, name, which, prefix)
     return path, note2 or note
+
+
+def _dumper_in_core(dumper: Any) -> tuple:
+    """``_native.set_dumper``'s arguments: the dumper whose common dumps (plain C-contiguous
+    numeric arrays) the native core makes itself, beside its Python twin ``Dumper._dump`` (the
+    same objects: the lock, the seen contents, the budget counters, the queue); ``(None,)``
+    where a dump needs what only Python does (a ring of steps, another codec, the Python
+    queue, skipping when the queue is full)."""
+    from . import dumps
+
+    if (
+        dumper is None
+        or dumper.ring is not None
+        or dumper.codec != "npy"
+        or not isinstance(dumper.io, dumps.NativeQueue)
+        or not dumper.wait_when_full
+    ):
+        return (None,)
+    return dumper, dumper.io.submit, dumps.head_of
 
 
 def _native_dump(

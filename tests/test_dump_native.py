@@ -150,6 +150,7 @@ def test_the_native_core_records_dump_mode_itself(tmp_path: Path) -> None:
             return real(x, op, seq, kind, idx, header)
 
         _native.set_dump(counting)
+        _native.set_dumper(None)  # no dump made in C: every array comes to the hook
         a = np.arange(4.0)     # one output
         np.add(a, a)           # 2 inputs + 1 output
         np.divmod(a, a + 1)    # a + 1 (an input, an output), then 2 inputs + 2 outputs
@@ -200,3 +201,64 @@ def test_the_cores_npy_headers_are_pythons(tmp_path: Path) -> None:
         env={"PPROBE_CORE": "native", "PPROBE_MODE": "log"},
     ).check()
     assert r.out.strip().splitlines()[-1] == "126"
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_path: Path) -> None:
+    """A C-contiguous plain ndarray of a numeric dtype is dumped by the core (the twin of
+    Dumper._dump, with the dumper's own lock, seen contents and budget counters); the first
+    dump of the process (the content hash is chosen there), a Fortran-ordered or strided
+    array, a subclass and a dump that needs a new budget chunk go to recorder._native_dump.
+    Names, dedup and the budget's accounting are the same either way."""
+    r = run_script(
+        tmp_path,
+        """
+        import json
+        import numpy as np
+        from pprobe import recorder
+        from pprobe.session import Session
+        calls = []
+        real = recorder._native_dump
+
+        def counting(x, op, seq, kind, idx, header):
+            calls.append(type(x).__name__ + ("F" if x.flags.f_contiguous and x.ndim > 1
+                                              and not x.flags.c_contiguous else ""))
+            return real(x, op, seq, kind, idx, header)
+
+        from pprobe import _native
+        _native.set_dump(counting)
+        a = np.arange(12.0).reshape(3, 4)   # first dump: Python (the hash is chosen)
+        n0 = len(calls)
+        b = a + 1                            # plain: the core
+        c = a + 1                            # the same content: an alias, made by the core
+        np.negative(a.T)                     # a Fortran-ordered input: Python
+        np.negative(a[:, ::2])               # strided: Python
+        np.negative(np.ma.masked_array(a))   # a subclass: Python
+        big = np.ones(300_000)               # 2.4 MB: past the chunk held (1 MiB+): Python
+        d = Session.active.dumper
+        print(json.dumps({"n0": n0, "calls": calls[n0:], "linked": d.linked,
+                          "used": d.used, "held": d.held}))
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump", "PPROBE_BUDGET": "64MB"},
+    ).check()
+    import json
+
+    out = json.loads(r.out.strip().splitlines()[-1])
+    assert out["n0"] == 1
+    # a + 1, a + 1: none; a.T in and its output (NumPy keeps the Fortran order); a[:, ::2]
+    # (its output is C-ordered: the core); the masked array in and out; np.ones' output
+    assert out["calls"] == ["ndarrayF", "ndarrayF", "ndarray", "MaskedArray", "MaskedArray",
+                            "ndarray"], out  # fmt: skip
+    assert out["linked"] >= 2  # c's inputs and output repeat b's
+    assert 0 < out["used"] <= out["held"]
+    rows = ops(r.run_dir)
+    paths = [t["dump_path"] for o in rows for t in tensors(r.run_dir, f"seq = {o['seq']}")]
+    assert all(paths), paths
+    pid = meta(r.run_dir)["pid"]
+    adds = [o for o in rows if o["op"] == "numpy.ndarray.__add__"]
+    for o in adds:
+        (out_t,) = tensors(r.run_dir, f"seq = {o['seq']} AND role = 'output'")
+        assert out_t["dump_path"] == f"op_numpy.ndarray.__add___output_{pid}-{o['seq']}.npy"
+        np.testing.assert_array_equal(load_dump(r.run_dir / out_t["dump_path"]),
+                                      np.arange(12.0).reshape(3, 4) + 1)  # fmt: skip
+    assert not meta(r.run_dir)["errors"], r.err

@@ -459,10 +459,11 @@ def test_content_hash_without_and_with_xxhash(
     io = dumps.NativeQueue(core.dumpio()) if q == "native" else dumps.PyQueue()
     if not xxh:
         monkeypatch.setitem(sys.modules, "xxhash", None)  # import xxhash fails
-    digest, name = dumps._content_hash(io)
+    digest, name, raw = dumps._content_hash(io)
     assert name == ("xxh3_128" if xxh else {"native": "pprobe", "python": "blake2b"}[q])
     a = np.arange(64.0).reshape(8, 8)
     assert digest(a) == digest(a.copy()) and len(digest(a)) == 16
+    assert raw(a) == digest(a)  # what the native core calls for a C-contiguous array
     assert digest(a) != digest(a + 1)
     assert digest(a.T) == b"F" + digest(a)  # a.T's memory is a's bytes: tagged...
     assert digest(a.T) != digest(a)  # ...so a transpose never matches its base
