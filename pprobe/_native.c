@@ -26,6 +26,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
@@ -1578,6 +1579,21 @@ static int op_uninit(Py_ssize_t opi) {
  * Python; keys and values held for the process (builtin descriptors live as long). */
 static Map2 g_npy_heads;
 
+/* v in decimal at p (no terminator); the number of chars (at most 20) */
+static int put_dec(char *p, long long v) {
+    char t[24];
+    int k = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        t[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int n = 0;
+    if (v < 0) p[n++] = '-';
+    while (k) p[n++] = t[--k];
+    return n;
+}
+
 static PyObject *npy_header_of(PyObject *x) {
     if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
     NpyArrayFields *a = (NpyArrayFields *)x;
@@ -1622,8 +1638,13 @@ static PyObject *npy_header_of(PyObject *x) {
     memcpy(buf, "\x93NUMPY\x01\x00", 8);
     memcpy(buf + n, PyBytes_AS_STRING(head), hn);
     n += hn;
-    for (int i = 0; i < a->nd; i++)
-        n += snprintf(buf + n, 32, i ? ", %lld" : "%lld", (long long)a->dimensions[i]);
+    for (int i = 0; i < a->nd; i++) {
+        if (i) {
+            buf[n++] = ',';
+            buf[n++] = ' ';
+        }
+        n += put_dec(buf + n, (long long)a->dimensions[i]);
+    }
     if (a->nd == 1) buf[n++] = ',';
     memcpy(buf + n, "), }", 4);
     n += 4;
@@ -1649,6 +1670,9 @@ static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(
  * take (budget past the chunks held, the first dump, exhaustion, a busy lock, a long name) is
  * left to Python before anything changed: *done = 0. */
 static PyObject *g_dumper = NULL, *g_dump_submit = NULL, *g_dump_head = NULL;
+/* this process's pid in dump names (0: not read yet; a forked child reads its own) */
+static long g_dump_pid = 0;
+static void dump_pid_child(void) { g_dump_pid = 0; }
 static PyObject *str_lock, *str_seen, *str_n, *str_exhausted, *str_disk_full, *str_dirfd,
     *str_c_digest, *str_pack, *str_nbytes, *str_acquire, *str_release, *str_unsubmit,
     *str_op_name;
@@ -1719,8 +1743,19 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
     if (!(dg = PyObject_GetAttr(d, str_c_digest)) || dg == Py_None) goto python;
     PyObject *head = dump_head(opi, kind, idx); /* borrowed */
     if (!head) goto python;
-    name = PyUnicode_FromFormat("%U%ld-%lld.npy", head, (long)getpid(), (long long)seq);
-    if (!name || PyUnicode_GET_LENGTH(name) > 200) goto python; /* dumps.NAME_MAX */
+    if (!g_dump_pid) g_dump_pid = (long)getpid(); /* a syscall: once per process */
+    Py_ssize_t hl;
+    const char *hs = PyUnicode_AsUTF8AndSize(head, &hl); /* ASCII: the str's own data */
+    char nbuf_[256];
+    if (!hs || hl > 160) goto python;
+    memcpy(nbuf_, hs, (size_t)hl);
+    int tl = put_dec(nbuf_ + hl, g_dump_pid);
+    nbuf_[hl + tl++] = '-';
+    tl += put_dec(nbuf_ + hl + tl, (long long)seq);
+    memcpy(nbuf_ + hl + tl, ".npy", 4);
+    tl += 4;
+    if (hl + tl > 200) goto python; /* dumps.NAME_MAX: Python cuts it */
+    if (!(name = PyUnicode_DecodeASCII(nbuf_, hl + tl, NULL))) goto python;
     if (!(nb = PyObject_GetAttr(x, str_nbytes))) goto python;
     long long nbytes = PyLong_AsLongLong(nb);
     if (nbytes < 0) goto python;
@@ -1835,6 +1870,8 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     INTERN(str_op_name, "name");
 #undef INTERN
     if (!g_records_mod && !(g_records_mod = PyImport_ImportModule("pprobe.records"))) return NULL;
+    static int atfork = 0;
+    if (!atfork && pthread_atfork(NULL, NULL, dump_pid_child) == 0) atfork = 1;
     Py_XSETREF(g_dumper, d == Py_None ? NULL : Py_NewRef(d));
     Py_XSETREF(g_dump_submit, d == Py_None ? NULL : Py_NewRef(submit));
     Py_XSETREF(g_dump_head, d == Py_None ? NULL : Py_NewRef(head));
