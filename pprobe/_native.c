@@ -1891,29 +1891,26 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         DescRec *r = &ds->d[i];
         if (!x || (r->role == s_input && r->idx == s_out_kw) || (output && g_cur_uninit))
             continue;
-        if (!o_op) {
-            o_op = PyLong_FromSsize_t(opi);
-            o_seq = o_op ? PyLong_FromLongLong(seq) : NULL;
-            if (!o_seq) {
-                rc = -1;
-                break;
-            }
-        }
-        PyObject *o_kind = PyLong_FromLong(output ? 1 + many : 0);
-        PyObject *o_idx = PyLong_FromSsize_t(output ? ds->src[i].pos : r->idx);
-        PyObject *o_head = o_kind && o_idx ? npy_header_of(x) : NULL;
+        int kind = output ? 1 + many : 0;
+        Py_ssize_t idx = output ? ds->src[i].pos : r->idx;
+        PyObject *o_head = npy_header_of(x);
         PyObject *res = NULL;
         int done = 0;
-        if (o_head) {
-            res = dump_fast(x, o_head, opi, seq, output ? 1 + many : 0,
-                            output ? ds->src[i].pos : r->idx, &done);
-            if (!done) {
+        if (o_head) res = dump_fast(x, o_head, opi, seq, kind, idx, &done);
+        if (o_head && !done) { /* the Python dumper: its arguments made only now */
+            if (!o_op) {
+                o_op = PyLong_FromSsize_t(opi);
+                o_seq = o_op ? PyLong_FromLongLong(seq) : NULL;
+            }
+            PyObject *o_kind = o_seq ? PyLong_FromLong(kind) : NULL;
+            PyObject *o_idx = o_kind ? PyLong_FromSsize_t(idx) : NULL;
+            if (o_idx) {
                 PyObject *argv[6] = {x, o_op, o_seq, o_kind, o_idx, o_head};
                 res = PyObject_Vectorcall(py_dump, argv, 6, NULL);
             }
+            Py_XDECREF(o_kind);
+            Py_XDECREF(o_idx);
         }
-        Py_XDECREF(o_kind);
-        Py_XDECREF(o_idx);
         Py_XDECREF(o_head);
         if (!res) {
             report("writing dumps");
