@@ -907,17 +907,16 @@ static int32_t descr_sid(PyObject *descr) {
     if (!r) return -2;
     long id = PyLong_AsLong(r);
     Py_DECREF(r);
-    /* builtin descriptors are static singletons: cache them (others may be freed) */
+    /* builtin descriptors are static singletons: cache them (others may be freed). No
+     * reference is taken: they are never freed, and NumPy's tests count their references
+     * around a call (a new cache entry would be one more). */
     PyObject *key = PyLong_FromVoidPtr(descr);
     if (key) {
         int builtin = PyDict_Contains(np_descr_sids, key) == 1;
         Py_DECREF(key);
         if (builtin) {
             s = map2_put(&g_descrs, descr, 0);
-            if (s) {
-                Py_INCREF(descr);
-                s->a = id;
-            }
+            if (s) s->a = id;
         }
     }
     PyErr_Clear();
@@ -1361,9 +1360,10 @@ static int int_tuple_pair(Descs *ds, PyObject *t, PyObject *idx) {
  * and the object lives as long as the process (a static class such as np.float64, a builtin
  * dtype), or on its type alone (an object shown by its type, ``<numpy._CopyMode>``): key
  * (object, 1) or (type, 2) -> a = the text (a new reference), b = 1; a type whose objects
- * are not shown by their type has (type, 2) with a = NULL. Keys are held (a type stays alive
- * while it is here); at most ARG_TEXTS_MAX keys. values' registrations, which may change how
- * a type's values are shown, empty it (clear_arg_texts). */
+ * are not shown by their type has (type, 2) with a = NULL. Type keys are held (a type stays
+ * alive while it is here), object keys are not (they live as long as the process); at most
+ * ARG_TEXTS_MAX keys. values' registrations, which may change how a type's values are
+ * shown, empty it (clear_arg_texts). */
 static Map2 g_arg_texts;
 #define ARG_TEXTS_MAX 1024
 
@@ -1371,7 +1371,7 @@ static void arg_texts_clear(void) {
     for (size_t j = 0; j < g_arg_texts.cap; j++) {
         Slot2 *s = &g_arg_texts.slots[j];
         if (!s->key) continue;
-        Py_DECREF((PyObject *)s->key);
+        if (s->k2 == 2) Py_DECREF((PyObject *)s->key); /* (object, 1) keys are not held */
         Py_XDECREF((PyObject *)s->a);
     }
     PyMem_Free(g_arg_texts.slots);
@@ -1391,7 +1391,10 @@ static int arg_text_put(PyObject *key, intptr_t k2, PyObject *text) {
         return 0;
     }
     if (s->b) return 0; /* already there */
-    Py_INCREF(key);
+    /* A type is held (a heap type could be freed and its address reused); an (object, 1)
+     * key lives as long as the process (a static type, a builtin dtype: arg_text_learn) and
+     * is not: NumPy's tests count a builtin dtype's references around a call. */
+    if (k2 == 2) Py_INCREF(key);
     s->a = (intptr_t)Py_XNewRef(text);
     s->b = 1;
     return 0;
@@ -1576,7 +1579,7 @@ static int op_uninit(Py_ssize_t opi) {
  * (version 1.0, C order, padded so that the data starts at a multiple of 64); None where
  * Python makes it (other dtypes, deep shapes, subclasses, NumPy scalars). g_npy_heads: builtin descr -> a = the bytes of
  * "{'descr': '<f8', 'fortran_order': False, 'shape': (" or Py_None for a dtype left to
- * Python; keys and values held for the process (builtin descriptors live as long). */
+ * Python; values held for the process, keys not (builtin descriptors are static). */
 static Map2 g_npy_heads;
 
 /* v in decimal at p (no terminator); the number of chars (at most 20) */
@@ -1626,8 +1629,7 @@ static PyObject *npy_header_of(PyObject *x) {
             PyErr_Clear();
             Py_RETURN_NONE;
         }
-        Py_INCREF(a->descr);
-        s->a = (intptr_t)head;
+        s->a = (intptr_t)head; /* a builtin descriptor (static): its key is not held */
     }
     PyObject *head = (PyObject *)s->a;
     if (head == Py_None) Py_RETURN_NONE;

@@ -634,9 +634,27 @@ def _rest_miss(key: tuple, x: Any, h: Any) -> bytes | tuple:
         rest = records.encode_descs(0, [d], [])[8:]
         if len(_rests) > 65536:
             _rests.clear()
-        _rests[key] = rest
+        # The key keeps pprobe's own copy of the dtype (equal, same hash: the program's dtype
+        # finds it), not the program's object: NumPy's tests count the references to a
+        # builtin dtype around a call, and a new cache entry would be one more.
+        _rests[(key[0], key[1], key[2], _own_dtype(dt))] = rest
         return rest
     return d
+
+
+#: dtype -> pprobe's copy of it (an equal dtype object of its own; the key is the copy too)
+_own_dtypes: dict[Any, Any] = {}
+
+
+def _own_dtype(dt: Any) -> Any:
+    own = _own_dtypes.get(dt)
+    if own is None:
+        import numpy  # imported: the program's array has this dtype
+
+        own = numpy.dtype(dt, copy=True)
+        if len(_own_dtypes) < 4096:
+            _own_dtypes[own] = own
+    return own
 
 
 _kinds_get = values._kinds.get
