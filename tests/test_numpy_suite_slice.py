@@ -169,3 +169,36 @@ def test_c_code_reading_numpy_ufuncs_gets_the_originals(tmp_path: Path, coverage
     kind = "ufunc" if coverage == "full" else "UfuncProxy"
     assert r.out.splitlines()[-2:] == ["ValueError", f"{kind} {kind}"]
     assert not r.pprobe_lines(), r.err
+
+
+def test_a_transient_difference_is_rerun_and_others_are_not(tmp_path: Path) -> None:
+    """tools/numpy_suite.py reruns, probed, a TRANSIENT test whose outcome differed (NumPy's
+    dtype refcount tests: pprobe's writer thread holds dtype references while it flushes);
+    the same outcome as without the probe on the rerun counts as the same outcome. A
+    difference in any other test is not rerun and fails the comparison."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import numpy_suite as ns
+    finally:
+        sys.path.pop(0)
+    refs = "numpy/_core/tests/test_api.py::test___array___refcount"
+    other = "numpy/_core/tests/test_api.py::test_copyto"
+    assert ns.transient(refs) and not ns.transient(other)
+
+    def run(outcomes: dict[str, str], label: str) -> ns.RunResult:
+        res = {t: ns.Outcome(o) for t, o in outcomes.items()}
+        return ns.RunResult(label, "numpy._core.tests.test_api", 1, 1.0, False, res, "", True)
+
+    plain = [run({refs: "passed", other: "passed"}, "without")]
+    probed = [run({refs: "failed", other: "passed"}, "with")]
+    args = ns.parse_args(["--tests", "numpy._core.tests.test_api"])
+    reruns = ns.rerun_transient(plain, probed, args, tmp_path, 0)  # a real probed pytest run
+    assert reruns == {refs: ["passed"]}
+    assert ns.probe_facts(tmp_path / "pprobe-runs")["rows"] > 0  # the rerun was probed
+    facts = {"rows": 1, "errors": [], "by_kind": ns.Counter(), "coverage": {},
+             "warnings": set(), "runs": 1, "processes": 1}  # fmt: skip
+    assert ns.report(plain, probed, facts, 10, False, reruns) == 0
+    # the same difference in a test that is not TRANSIENT: no rerun, a failed comparison
+    probed = [run({refs: "passed", other: "failed"}, "with")]
+    assert ns.rerun_transient(plain, probed, args, tmp_path, 5) == {}
+    assert ns.report(plain, probed, facts, 10, False, {}) == 1

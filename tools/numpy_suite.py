@@ -100,10 +100,43 @@ SLICE = (
 EXPLAINED: dict[str, str] = {}  # empty: the full comparison shows no difference (issue #4)
 
 
-def explained(tid: str) -> str | None:
+#: Tests whose outcome under the probe can differ from run to run, for a reason that is
+#: not a defect of the call's recording: a probed run where one of them differs reruns it
+#: (probed, up to :data:`RERUNS` times); the same outcome as without the probe on a rerun
+#: counts as the same outcome, and is printed under "transient". Test-id patterns -> why.
+_DTYPE_REFS = (
+    "they count the references to a builtin dtype (a NumPy singleton) around a call, and "
+    "pprobe's writer thread holds some while it turns buffered rows into columns, as any "
+    "other thread of the program using NumPy would (the rows themselves and pprobe's caches "
+    "hold none: tests/test_dtype_refs.py)"
+)
+TRANSIENT: dict[str, str] = dict.fromkeys(
+    (
+        "numpy/_core/tests/test_api.py::test___array___refcount",
+        "numpy/_core/tests/test_arrayobject.py::test_cleanup_with_refs_non_contig",
+        "numpy/_core/tests/test_indexing.py::TestIndexing::test_small_regressions",
+        "numpy/_core/tests/test_multiarray.py::TestArrayInterface::test_scalar_interface*",
+        "numpy/_core/tests/test_nditer.py::test_iter_refcount",
+        "numpy/_core/tests/test_regression.py::TestRegression::test_take_object_fail",
+        "numpy/lib/tests/test_function_base.py::TestBincount::test_dtype_reference_leaks",
+    ),
+    _DTYPE_REFS,
+)
+RERUNS = 2
+
+
+def _match(table: dict[str, str], tid: str) -> str | None:
     import fnmatch
 
-    return next((why for pat, why in EXPLAINED.items() if fnmatch.fnmatchcase(tid, pat)), None)
+    return next((why for pat, why in table.items() if fnmatch.fnmatchcase(tid, pat)), None)
+
+
+def explained(tid: str) -> str | None:
+    return _match(EXPLAINED, tid)
+
+
+def transient(tid: str) -> str | None:
+    return _match(TRANSIENT, tid)
 
 
 #: np.test()'s own warning filters (numpy/_pytesttester.py).
@@ -454,12 +487,50 @@ ORDER = (
 )
 
 
+def _outcomes(runs: list[RunResult]) -> dict[str, Outcome]:
+    out: dict[str, Outcome] = {}
+    for r in runs:
+        out.update(r.outcomes)
+    return out
+
+
+def rerun_transient(
+    plain: list[RunResult],
+    probed: list[RunResult],
+    args: argparse.Namespace,
+    work: Path,
+    n0: int,
+) -> dict[str, list[str]]:
+    """The TRANSIENT tests whose probed outcome differs, rerun probed (each rerun one pytest
+    process for all of them) until they give the outcome without the probe, at most
+    :data:`RERUNS` times: test id -> the reruns' outcomes."""
+    if not plain or not probed:
+        return {}
+    a, b = _outcomes(plain), _outcomes(probed)
+    todo = sorted(tid for tid in set(a) & set(b)
+                  if a[tid].outcome != b[tid].outcome and transient(tid))  # fmt: skip
+    got: dict[str, list[str]] = {tid: [] for tid in todo}
+    root = numpy_root()
+    for k in range(RERUNS):
+        if not todo:
+            break
+        r = run_once("with", [str(root / tid) for tid in todo], args, work, n0 + k)
+        print(f"   rerun    {len(todo)} transient test(s): {len(r.outcomes)} tests "
+              f"{r.seconds:>8.1f}s rc={r.rc}", flush=True)  # fmt: skip
+        for tid in todo:
+            o = r.outcomes.get(tid)
+            got[tid].append(o.outcome if o else "absent")
+        todo = [tid for tid in todo if got[tid][-1] != a[tid].outcome]
+    return got
+
+
 def report(
     plain: list[RunResult],
     probed: list[RunResult],
     facts: dict[str, Any],
     max_diffs: int,
     allow_explained: bool = False,
+    reruns: dict[str, list[str]] | None = None,
 ) -> int:
     a: dict[str, Outcome] = {}
     b: dict[str, Outcome] = {}
@@ -481,6 +552,21 @@ def report(
             why = "timed out" if r.timed_out else f"exit status {r.rc}"
             print(f"!! run {r.label} [{r.target}]: {why}; last test started: {r.running_at_end!r}")
             print(f"   log: {r.log}")
+    reruns = reruns or {}
+    # a TRANSIENT test that gave the outcome without the probe on a rerun
+    settled = [d for d in diffs
+               if d[1] is not None and d[1].outcome in reruns.get(d[0], ())]  # fmt: skip
+    if settled:
+        print(f"== {len(settled)} transient differences: the same outcome on a probed rerun "
+              f"(TRANSIENT in {Path(__file__).name})")  # fmt: skip
+        for why in dict.fromkeys(transient(tid) for tid, _, _ in settled):
+            print(f"-- because {why}:")
+            for tid, oa, ob in settled:
+                if transient(tid) == why:
+                    sb = ob.outcome if ob else "absent"
+                    print(f"   {tid}: {oa.outcome if oa else 'absent'} -> {sb}, reruns "
+                          f"{', '.join(reruns[tid])}")  # fmt: skip
+        diffs = [d for d in diffs if d not in settled]
     known = [d for d in diffs if explained(d[0])]
     diffs = [d for d in diffs if not explained(d[0])]
     if known:
@@ -643,13 +729,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.probed:
             probed = [load_run(p) for p in sorted(args.probed.glob("with-*.json"))]
             print(f"   with: {len(probed)} runs read from {args.probed}", flush=True)
+        reruns = rerun_transient(plain, probed, args, work, len(todo))
         facts = probe_facts((args.probed or work) / "pprobe-runs")
         if args.only:
             only = plain or probed
             c = Counter(o.outcome for r in only for o in r.outcomes.values())
             print(dict(c), f"{sum(r.seconds for r in only):.1f}s")
             return 0
-        return report(plain, probed, facts, args.max_diffs, args.allow_explained)
+        return report(plain, probed, facts, args.max_diffs, args.allow_explained, reruns)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
