@@ -1540,6 +1540,7 @@ static PyObject *tz_codes = NULL;     /* dict: torch.dtype -> type code */
 static PyObject *tz_strided = NULL;   /* torch.strided */
 static PyObject *tz_tf_mode = NULL;   /* torch._C._is_torch_function_mode_enabled */
 static PyObject *tz_functorch = NULL; /* is_functorch_wrapped_tensor, or None */
+static PyObject *tz_typestr = NULL;   /* dict: torch.dtype -> NumPy's type string (dumps) */
 static PyObject *tz_dtype, *tz_is_cpu, *tz_layout, *tz_is_nested, *tz_is_neg, *tz_data_ptr,
     *tz_shape, *tz_stride, *tz_is_contiguous, *tz_is_conj, *tz_numel;
 
@@ -1587,8 +1588,12 @@ static PyObject *tz_method(PyObject *x, PyObject *name) {
 /* x.name() is true: 1, 0, or -1 (an exception) */
 static int tz_method_true(PyObject *x, PyObject *name) { return tz_true(tz_method(x, name)); }
 
-/* 1: statted into acc; 0: not handled here (no exception set) */
-static int tensor_acc(PyObject *x, Acc *acc) {
+/* A plain CPU tensor's elements, with the checks both readers make (stats_tensor, the
+ * dumps' tensor_mem): 1 read (its type code, address, shape and byte strides; *dt the
+ * tensor's dtype, a new reference, when dt is not NULL), 0 not handled here (no exception
+ * set). conj: a conjugate view is not handled either (the dumps' rule, torch_values.dumpable). */
+static int tensor_read(PyObject *x, int *t_out, void **addr_out, Py_ssize_t *nd,
+                       Py_ssize_t *shape, Py_ssize_t *strides, PyObject **dt_out, int conj) {
     if (!tz_plain || !tz_plain_type(Py_TYPE(x))) return 0;
     int t = -1, r;
     PyObject *dt = NULL, *layout = NULL, *ptr = NULL, *shp = NULL, *std = NULL;
@@ -1601,6 +1606,7 @@ static int tensor_acc(PyObject *x, Acc *acc) {
     if ((r = tz_attr_true(x, tz_is_cpu)) != 1) goto out;
     if (!(layout = PyObject_GetAttr(x, tz_layout)) || layout != tz_strided) goto out;
     if ((r = tz_attr_true(x, tz_is_nested)) != 0) goto out;
+    if (conj && (r = tz_method_true(x, tz_is_conj)) != 0) goto out;
     if ((r = tz_method_true(x, tz_is_neg)) != 0) goto out;
     if (tz_functorch != Py_None && (r = tz_call_true(tz_functorch, x)) != 0) goto out;
     if (!(ptr = tz_method(x, tz_data_ptr)) || !(shp = PyObject_GetAttr(x, tz_shape)) ||
@@ -1608,15 +1614,16 @@ static int tensor_acc(PyObject *x, Acc *acc) {
         goto out;
     if (!PyTuple_Check(shp) || !PyTuple_Check(std)) goto out;
     void *addr = PyLong_AsVoidPtr(ptr);
-    Py_ssize_t nd, shape[64], strides[64];
-    if (PyErr_Occurred() || take_dims(t, shp, std, &nd, shape, strides) < 0) goto out;
-    r = acc_at(acc, t, addr, nd, shape, strides);
+    if (PyErr_Occurred() || take_dims(t, shp, std, nd, shape, strides) < 0) goto out;
+    *t_out = t;
+    *addr_out = addr;
+    if (dt_out) *dt_out = Py_NewRef(dt);
     Py_DECREF(dt);
     Py_DECREF(layout);
     Py_DECREF(ptr);
     Py_DECREF(shp);
     Py_DECREF(std);
-    return r;
+    return 1;
 out:
     PyErr_Clear(); /* whatever failed, the general path sees the same tensor */
     Py_XDECREF(dt);
@@ -1625,6 +1632,46 @@ out:
     Py_XDECREF(shp);
     Py_XDECREF(std);
     return 0;
+}
+
+/* 1: statted into acc; 0: not handled here (no exception set) */
+static int tensor_acc(PyObject *x, Acc *acc) {
+    int t;
+    void *addr;
+    Py_ssize_t nd, shape[64], strides[64];
+    if (!tensor_read(x, &t, &addr, &nd, shape, strides, NULL, 0)) return 0;
+    return acc_at(acc, t, addr, nd, shape, strides);
+}
+
+/* for pprobe._native (the capsule _C_TENSOR_MEM): the memory of a plain CPU tensor whose
+ * dump is its memory as it is, as torch_values.dumpable reads it (host_array) for a dtype
+ * NumPy has: C-contiguous (NumPy's relaxed rule: dimensions of 1 have any stride), with
+ * elements, not a conjugate or negative view. 1: *addr, *nbytes, *nd, shape (up to 64) and
+ * *typestr (NumPy's type string, borrowed from the table); 0: not handled (no exception). */
+static int c_tensor_mem(PyObject *x, void **addr, Py_ssize_t *nbytes, int *nd_out,
+                        Py_ssize_t *shape, PyObject **typestr) {
+    if (!tz_typestr) return 0;
+    int t;
+    Py_ssize_t nd, strides[64];
+    PyObject *dt = NULL;
+    if (!tensor_read(x, &t, addr, &nd, shape, strides, &dt, 1)) return 0;
+    PyObject *ts = PyDict_GetItemWithError(tz_typestr, dt); /* borrowed, the table holds it */
+    Py_DECREF(dt);
+    if (!ts) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t n = t_size[t];
+    for (Py_ssize_t i = nd - 1; i >= 0; i--) {
+        if (shape[i] == 0) return 0; /* no elements: Python's empty array */
+        if (shape[i] != 1 && strides[i] != n) return 0;
+        n *= shape[i];
+    }
+    if (!*addr) return 0;
+    *nbytes = n;
+    *nd_out = (int)nd;
+    *typestr = ts;
+    return 1;
 }
 
 static PyObject *py_stats_tensor(PyObject *self, PyObject *x) {
@@ -1641,11 +1688,12 @@ static int c_tensor_stats(PyObject *x, double *v4, long long *c2) {
     return 1;
 }
 
-/* tensor_setup(plain types, {dtype: code}, torch.strided, tf_mode_enabled, functorch|None) */
+/* tensor_setup(plain types, {dtype: code}, torch.strided, tf_mode_enabled, functorch|None[,
+ * {dtype: NumPy type string}]): the last for the dumps (c_tensor_mem) */
 static PyObject *py_tensor_setup(PyObject *self, PyObject *args) {
-    PyObject *plain, *codes, *strided, *tf, *ft;
-    if (!PyArg_ParseTuple(args, "O!O!OOO:tensor_setup", &PyTuple_Type, &plain, &PyDict_Type,
-                          &codes, &strided, &tf, &ft))
+    PyObject *plain, *codes, *strided, *tf, *ft, *typestr = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!OOO|O!:tensor_setup", &PyTuple_Type, &plain, &PyDict_Type,
+                          &codes, &strided, &tf, &ft, &PyDict_Type, &typestr))
         return NULL;
     if (!PyCallable_Check(tf) || (ft != Py_None && !PyCallable_Check(ft))) {
         PyErr_SetString(PyExc_TypeError, "tensor_setup: the checks must be callable");
@@ -1656,6 +1704,7 @@ static PyObject *py_tensor_setup(PyObject *self, PyObject *args) {
     Py_XSETREF(tz_strided, Py_NewRef(strided));
     Py_XSETREF(tz_tf_mode, Py_NewRef(tf));
     Py_XSETREF(tz_functorch, Py_NewRef(ft));
+    Py_XSETREF(tz_typestr, Py_XNewRef(typestr));
     Py_XSETREF(tz_plain, Py_NewRef(plain)); /* last: it turns the reads on */
     Py_RETURN_NONE;
 }
@@ -2004,6 +2053,12 @@ PyMODINIT_FUNC PyInit__dumpio(void) {
     }
     cap = PyCapsule_New((void *)c_tensor_stats, "pprobe._dumpio._C_TENSOR_STATS", NULL);
     if (!cap || PyModule_AddObject(m, "_C_TENSOR_STATS", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    cap = PyCapsule_New((void *)c_tensor_mem, "pprobe._dumpio._C_TENSOR_MEM", NULL);
+    if (!cap || PyModule_AddObject(m, "_C_TENSOR_MEM", cap) < 0) {
         Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;

@@ -24,5 +24,13 @@ def stats_at(address: int, code: int, shape: Any, strides: Any, /) -> tuple | No
 def grad_columns(grads: Any, tensor_type: Any, strided: Any, codes: dict, /) -> tuple | None: ...
 def stats_tensor(tensor: Any, /) -> tuple | None: ...
 def tensor_setup(
-    plain: tuple, codes: dict, strided: Any, tf_mode_enabled: Any, functorch: Any, /
-) -> None: ...
+    plain: tuple,
+    codes: dict,
+    strided: Any,
+    tf_mode_enabled: Any,
+    functorch: Any,
+    typestr: dict = ...,
+    /,
+) -> None:
+    """typestr: torch.dtype -> NumPy's type string, for the capsule _C_TENSOR_MEM (the native
+    core's dumps of plain CPU tensors)."""

@@ -1597,6 +1597,17 @@ static int put_dec(char *p, long long v) {
     return n;
 }
 
+static PyObject *npy_header_dims(PyObject *head, int nd, const Py_ssize_t *dims);
+
+/* the start of a header's text for NumPy's type string `typestr` (a str): bytes */
+static PyObject *npy_head_text(PyObject *typestr) {
+    PyObject *t = PyUnicode_FromFormat("{'descr': %R, 'fortran_order': False, 'shape': (",
+                                       typestr);
+    PyObject *head = t ? PyUnicode_AsLatin1String(t) : NULL;
+    Py_XDECREF(t);
+    return head;
+}
+
 static PyObject *npy_header_of(PyObject *x) {
     if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
     NpyArrayFields *a = (NpyArrayFields *)x;
@@ -1611,12 +1622,8 @@ static PyObject *npy_header_of(PyObject *x) {
         PyObject *kind = PyObject_GetAttrString(a->descr, "kind");
         PyObject *str = kind ? PyObject_GetAttrString(a->descr, "str") : NULL;
         if (str && PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind) == 1 &&
-            strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0))) {
-            PyObject *t = PyUnicode_FromFormat("{'descr': %R, 'fortran_order': False, 'shape': (",
-                                               str);
-            head = t ? PyUnicode_AsLatin1String(t) : NULL;
-            Py_XDECREF(t);
-        }
+            strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0)))
+            head = npy_head_text(str);
         Py_XDECREF(kind);
         Py_XDECREF(str);
         if (!head) {
@@ -1633,21 +1640,29 @@ static PyObject *npy_header_of(PyObject *x) {
     }
     PyObject *head = (PyObject *)s->a;
     if (head == Py_None) Py_RETURN_NONE;
+    Py_ssize_t dims[MAX_INLINE_DIMS];
+    for (int i = 0; i < a->nd; i++) dims[i] = (Py_ssize_t)a->dimensions[i];
+    return npy_header_dims(head, a->nd, dims);
+}
+
+/* The header of C-ordered elements of `nd` (<= MAX_INLINE_DIMS) dimensions after `head`, the
+ * text's start up to the shape's parenthesis (g_npy_heads' values); None when too long */
+static PyObject *npy_header_dims(PyObject *head, int nd, const Py_ssize_t *dims) {
     /* magic (6), version 1.0 (2), header length (2, little endian), then the text */
     char buf[512];
     Py_ssize_t hn = PyBytes_GET_SIZE(head), n = 10;
-    if (hn > 256) Py_RETURN_NONE;
+    if (hn > 256 || nd > MAX_INLINE_DIMS) Py_RETURN_NONE;
     memcpy(buf, "\x93NUMPY\x01\x00", 8);
     memcpy(buf + n, PyBytes_AS_STRING(head), hn);
     n += hn;
-    for (int i = 0; i < a->nd; i++) {
+    for (int i = 0; i < nd; i++) {
         if (i) {
             buf[n++] = ',';
             buf[n++] = ' ';
         }
-        n += put_dec(buf + n, (long long)a->dimensions[i]);
+        n += put_dec(buf + n, (long long)dims[i]);
     }
-    if (a->nd == 1) buf[n++] = ',';
+    if (nd == 1) buf[n++] = ',';
     memcpy(buf + n, "), }", 4);
     n += 4;
     Py_ssize_t pad = (64 - (n + 1) % 64) % 64;
@@ -1663,7 +1678,8 @@ static PyObject *npy_header_of(PyObject *x) {
 static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(x); }
 
 /* Dump mode: the common dump made here, the twin of Dumper._dump (pprobe/dumps.py) for a
- * C-contiguous plain ndarray of a numeric dtype (its header made by npy_header_of) when the
+ * C-contiguous plain ndarray of a numeric dtype (its header made by npy_header_of), or for a
+ * plain CPU tensor's memory (a memoryview and its header: tensor_dump_mem), when the
  * dumper keeps no ring, writes npy through the native queue and waits when it is full
  * (recorder hands it over only then: set_dumper). The name (a cached op_{op}_{which}_ head,
  * then {pid}-{seq}.npy), the content's key (the dumper's c_digest of the memory, 64 bytes
@@ -1672,6 +1688,10 @@ static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(
  * take (budget past the chunks held, the first dump, exhaustion, a busy lock, a long name) is
  * left to Python before anything changed: *done = 0. */
 static PyObject *g_dumper = NULL, *g_dump_submit = NULL, *g_dump_head = NULL;
+typedef int (*tensor_mem_fn)(PyObject *, void **, Py_ssize_t *, int *, Py_ssize_t *,
+                             PyObject **);
+static tensor_mem_fn g_tensor_mem = NULL; /* _dumpio's c_tensor_mem, or NULL */
+static Map2 g_tensor_heads;               /* NumPy type string (str) -> a = its header's start */
 /* this process's pid in dump names (0: not read yet; a forked child reads its own) */
 static long g_dump_pid = 0;
 static void dump_pid_child(void) { g_dump_pid = 0; }
@@ -1732,7 +1752,9 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
                            int kind, Py_ssize_t idx, int *done) {
     *done = 0;
     PyObject *d = g_dumper;
-    if (!d || header == Py_None || !(((NpyArrayFields *)x)->flags & NPY_C_CONTIGUOUS)) return NULL;
+    if (!d || header == Py_None) return NULL;
+    /* an ndarray (npy_header_of), or a memoryview of a CPU tensor's C-ordered elements */
+    if (!PyMemoryView_Check(x) && !(((NpyArrayFields *)x)->flags & NPY_C_CONTIGUOUS)) return NULL;
     PyObject *lock = NULL, *seen = NULL, *nobj = NULL, *dg = NULL, *digest = NULL, *key = NULL;
     PyObject *name = NULL, *nb = NULL, *pk = NULL, *res = NULL, *out = NULL;
     Py_buffer nbuf = {0};
@@ -1849,9 +1871,15 @@ end:
 }
 
 static PyObject *set_dumper(PyObject *self, PyObject *args) {
-    /* set_dumper(dumper, submit, head) or set_dumper(None): see dump_fast */
-    PyObject *d, *submit = Py_None, *head = Py_None;
-    if (!PyArg_ParseTuple(args, "O|OO", &d, &submit, &head)) return NULL;
+    /* set_dumper(dumper, submit, head[, tensor_mem]) or set_dumper(None): see dump_fast;
+     * tensor_mem: _dumpio's capsule _C_TENSOR_MEM (CPU tensors' memory: tensor_dump_mem) */
+    PyObject *d, *submit = Py_None, *head = Py_None, *tmem = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OOO", &d, &submit, &head, &tmem)) return NULL;
+    tensor_mem_fn tf = NULL;
+    if (tmem != Py_None) {
+        tf = (tensor_mem_fn)PyCapsule_GetPointer(tmem, "pprobe._dumpio._C_TENSOR_MEM");
+        if (!tf) return NULL;
+    }
     if (d != Py_None && (!PyCallable_Check(submit) || !PyCallable_Check(head))) {
         PyErr_SetString(PyExc_TypeError, "set_dumper(dumper, submit, head)");
         return NULL;
@@ -1877,7 +1905,47 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     Py_XSETREF(g_dumper, d == Py_None ? NULL : Py_NewRef(d));
     Py_XSETREF(g_dump_submit, d == Py_None ? NULL : Py_NewRef(submit));
     Py_XSETREF(g_dump_head, d == Py_None ? NULL : Py_NewRef(head));
+    g_tensor_mem = d == Py_None ? NULL : tf;
     Py_RETURN_NONE;
+}
+
+/* Dump mode, a torch tensor: the memoryview of a plain CPU tensor's C-ordered elements and
+ * its .npy header (*header, a new reference), which are what torch_values.dumpable reads
+ * (host_array) and Dumper._dump writes for it; NULL (no exception) where Python dumps it. */
+static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
+    *header = NULL;
+    if (!g_tensor_mem || !torch_plain || !describe_tensor_type(Py_TYPE(x))) return NULL;
+    void *addr;
+    Py_ssize_t nbytes, dims[64];
+    int nd;
+    PyObject *typestr;
+    if (!g_tensor_mem(x, &addr, &nbytes, &nd, dims, &typestr) || nd > MAX_INLINE_DIMS)
+        return NULL;
+    Slot2 *s = map2_find(&g_tensor_heads, typestr, 0);
+    if (!s) {
+        PyObject *head = npy_head_text(typestr);
+        if (!head || !(s = map2_put(&g_tensor_heads, typestr, 0))) {
+            Py_XDECREF(head);
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_INCREF(typestr); /* a str of _dumpio's table: held with its head */
+        s->a = (intptr_t)head;
+    }
+    PyObject *h = npy_header_dims((PyObject *)s->a, nd, dims);
+    if (!h || h == Py_None) {
+        Py_XDECREF(h);
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *mv = PyMemoryView_FromMemory((char *)addr, nbytes, PyBUF_READ);
+    if (!mv) {
+        Py_DECREF(h);
+        PyErr_Clear();
+        return NULL;
+    }
+    *header = h;
+    return mv;
 }
 
 /* Dump the described arrays from desc `from` on (inputs before the call, outputs after it):
@@ -1896,9 +1964,17 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         int kind = output ? 1 + many : 0;
         Py_ssize_t idx = output ? ds->src[i].pos : r->idx;
         PyObject *o_head = npy_header_of(x);
-        PyObject *res = NULL;
+        PyObject *res = NULL, *mem = NULL;
         int done = 0;
-        if (o_head) res = dump_fast(x, o_head, opi, seq, kind, idx, &done);
+        if (o_head == Py_None && g_dumper) { /* a CPU tensor's memory, dumped as its array */
+            PyObject *th;
+            if ((mem = tensor_dump_mem(x, &th))) Py_SETREF(o_head, th);
+        }
+        if (o_head) res = dump_fast(mem ? mem : x, o_head, opi, seq, kind, idx, &done);
+        if (mem) {
+            Py_DECREF(mem);
+            if (!done) Py_SETREF(o_head, Py_NewRef(Py_None)); /* Python reads the tensor */
+        }
         if (o_head && !done) { /* the Python dumper: its arguments made only now */
             if (!o_op) {
                 o_op = PyLong_FromSsize_t(opi);

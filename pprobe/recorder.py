@@ -1233,7 +1233,10 @@ def _dumper_in_core(dumper: Any) -> tuple:
         or not dumper.wait_when_full
     ):
         return (None,)
-    return dumper, dumper.io.submit, dumps.head_of
+    # plain CPU tensors' memory, read in C as torch_values.dumpable reads it (from the first
+    # tensor's statistics on: torch_values.native_cpu_stats sets the reader up)
+    tmem = getattr(core.dumpio(), "_C_TENSOR_MEM", None)
+    return dumper, dumper.io.submit, dumps.head_of, tmem
 
 
 def _native_dump(

@@ -59,6 +59,12 @@ torch.add(x, y)
 x * y
 x.to(torch.bfloat16) + 1
 torch.max(x, dim=0)
+torch.neg(x.t())                  # a transposed input (and output)
+torch.arange(6) * 2               # int64
+for _ in range(3):
+    torch.neg(y)                  # the same content again: stored once
+torch.neg(torch.ones(0, 3))       # no elements
+torch.ones((1,) * 9) + 1          # a deep output (9 dimensions): the Python side
 """
 
 
@@ -261,4 +267,70 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
         assert out_t["dump_path"] == f"op_numpy.ndarray.__add___output_{pid}-{o['seq']}.npy"
         np.testing.assert_array_equal(load_dump(r.run_dir / out_t["dump_path"]),
                                       np.arange(12.0).reshape(3, 4) + 1)  # fmt: skip
+    assert not meta(r.run_dir)["errors"], r.err
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_core_dumps_plain_cpu_tensors_itself(tmp_path: Path) -> None:
+    """A plain C-contiguous CPU tensor of a NumPy dtype is dumped by the core from its memory
+    (what torch_values.dumpable reads through host_array); a transposed tensor, a bfloat16
+    one (saved as its bits, tagged), an empty one and the first dump of the process go to
+    recorder._native_dump. The dumps hold the tensors' values, and repeats are aliases."""
+    pytest.importorskip("torch")
+    r = run_script(
+        tmp_path,
+        """
+        import json
+        import torch
+        from pprobe import _native, recorder
+        from pprobe.session import Session
+        calls = []
+        real = recorder._native_dump
+
+        def counting(x, op, seq, kind, idx, header):
+            t = type(x).__name__
+            if t == "Tensor":
+                t += ":" + str(x.dtype).replace("torch.", "")
+                t += "" if x.is_contiguous() else ":strided"
+                t += "" if x.numel() else ":empty"
+            calls.append(t)
+            return real(x, op, seq, kind, idx, header)
+
+        _native.set_dump(counting)
+        x = torch.arange(24.0).reshape(4, 6)  # the first dumps: Python (set-up)
+        n0 = len(calls)
+        y = x + 1                              # plain float32: the core
+        z = x + 1                              # the same content (64 bytes and more): aliases
+        torch.arange(6) * 2                    # int64: the core
+        torch.neg(x.t())                       # transposed: Python (the view and neg's)
+        x.to(torch.bfloat16) + 1               # bfloat16: Python
+        torch.neg(torch.ones(0, 3))            # no elements: Python
+        d = Session.active.dumper
+        print(json.dumps({"n0": n0, "calls": calls[n0:], "linked": d.linked}))
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump"},
+    ).check()
+    import json
+
+    out = json.loads(r.out.strip().splitlines()[-1])
+    calls = out["calls"]
+    assert 0 < out["n0"] <= 4
+    # Tensor.t's output and neg's input and output; .to's output, the add's input and output;
+    # ones' output and neg's input and output
+    assert calls.count("Tensor:float32:strided") == 3, calls
+    assert calls.count("Tensor:bfloat16") == 3, calls
+    assert calls.count("Tensor:float32:empty") == 3, calls
+    assert len(calls) == 9, calls  # nothing else: the plain tensors were the core's
+    assert out["linked"] >= 3  # z = x + 1 repeats y's input and output
+    rows = ops(r.run_dir)
+    pid = meta(r.run_dir)["pid"]
+    adds = [o for o in rows if o["op"] == "torch.Tensor.add"][:2]
+    for o in adds:
+        (out_t,) = tensors(r.run_dir, f"seq = {o['seq']} AND role = 'output'")
+        assert out_t["dump_path"] == f"op_torch.Tensor.add_output_{pid}-{o['seq']}.npy"
+        want = np.arange(24.0, dtype=np.float32).reshape(4, 6) + 1
+        np.testing.assert_array_equal(load_dump(r.run_dir / out_t["dump_path"]), want)
+    (mul,) = [o for o in rows if o["op"] == "torch.Tensor.mul"]
+    (mul_out,) = tensors(r.run_dir, f"seq = {mul['seq']} AND role = 'output'")
+    assert load_dump(r.run_dir / mul_out["dump_path"]).tolist() == [0, 2, 4, 6, 8, 10]
     assert not meta(r.run_dir)["errors"], r.err

@@ -262,8 +262,9 @@ def native_cpu_stats(x: Any) -> tuple | None:
         mod = core.dumpio()
         f = None
         if mod is not None:
+            # _TYPESTR: what the native core's dumps of CPU tensors read (dumpable's fast path)
             mod.tensor_setup(tuple(_PLAIN), _STATS_CODES, _STRIDED, _tf_mode_enabled,
-                             _is_functorch_wrapped)  # fmt: skip
+                             _is_functorch_wrapped, _TYPESTR)  # fmt: skip
             f = mod.stats_tensor
         _stats_tensor = f
     if f is None:
