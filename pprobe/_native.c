@@ -1282,6 +1282,23 @@ static void untrack_leaf_tuple(PyObject *t) {
     PyObject_GC_UnTrack(t);
 }
 
+/* untrack_sample(entry): the extension tables' sampled entry (pprobe.ext.tables.sample:
+ * (step, rank, ts, sources, values)) and its values tuple, untracked. Each waits in
+ * tables._raw (its one referrer) for the flush, ~1 s; tracked (the values tuple holds a
+ * table's dict copy, which keeps a tuple tracked), every older-generation collection scans
+ * them meanwhile. They are in no reference cycle: nothing they reach refers to them (only
+ * _raw does, and the flush drops them), so refcounting frees them and the collector has
+ * nothing to find through them. */
+static PyObject *untrack_sample(PyObject *self, PyObject *e) {
+    if (PyTuple_CheckExact(e) && PyObject_GC_IsTracked(e)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(e);
+        PyObject *v = n ? PyTuple_GET_ITEM(e, n - 1) : NULL;
+        if (v && PyTuple_CheckExact(v) && PyObject_GC_IsTracked(v)) PyObject_GC_UnTrack(v);
+        PyObject_GC_UnTrack(e);
+    }
+    Py_RETURN_NONE;
+}
+
 /* Add an (idx, value) pair to the args; a cached small int becomes (None, "idx=v"). */
 static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
     if (!ds->pairs) {
@@ -3294,6 +3311,8 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(active, nested, parents, mode, slow, flush_rows, wake)"},
     {"set_step", set_step, METH_O, "the current training step"},
+    {"untrack_sample", untrack_sample, METH_O,
+     "untrack_sample(entry): an extension tables' sample, untracked (see the C comment)"},
     {"set_default_phase", set_default_phase, METH_O,
      "the phase of rows no hook gave one (init, other)"},
     {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from .. import _report, state
+from .. import _report, core, state
 
 #: Columns pprobe adds to every row (a user column of the same name keeps the user's value).
 STD_COLUMNS = ("run_id", "pid", "rank", "step", "ts_ns")
@@ -96,7 +96,9 @@ _SKIP = object()
 #: is a tuple that already lived; a metric's number and a table's dict copy of plain values
 #: are untracked, and so is ``values`` once a young collection has met it, unless it holds
 #: a dict (CPython keeps such tuples tracked). A step with a table leaves two tracked objects,
-#: one with metrics only; a list of (source, value) pairs left four.
+#: one with metrics only; a list of (source, value) pairs left four. With the native core the
+#: entry and its values are untracked at once (``_native.untrack_sample``: nothing they
+#: reach refers to them, so they are in no cycle): none is left.
 _raw: list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]] = []
 #: Rows recorded on the program's thread (``pprobe.record``, the built-in hooks), not yet
 #: given their standard columns: (table, rows, step, rank, ts_ns). :func:`_take_recorded`
@@ -699,8 +701,14 @@ def sample(reason: str = "demand") -> None:
     finally:
         local.depth = saved
     if some:
+        entry = (state.step, state.rank, time.time_ns(), todo, tuple(gots))
+        if _untrack is not None:  # the native core: no collection scans it before the flush
+            _untrack(entry)
         # one list append, atomic under the GIL: no lock on the program's thread
-        _raw.append((state.step, state.rank, time.time_ns(), todo, tuple(gots)))
+        _raw.append(entry)
+
+
+_untrack = getattr(core.native, "untrack_sample", None)
 
 
 def _take_raw() -> list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]]:
