@@ -2961,6 +2961,267 @@ static PyObject *set_default_phase(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ lifecycle hooks' steps
+ * The idle steps of zero-code lifecycle detection (pprobe/hooks/lifecycle.py), the twins of
+ * the shortcuts at the top of its _on_optimizer_pre, _on_step_ending and _on_step_change and
+ * of dispatch.calls_none: a step whose points call no hook costs its bookkeeping only, with
+ * no Python frame. Everything else (the first step, a point a hook fires at, manual steps,
+ * anything these cannot tell) is handed to the Python functions, which check again from the
+ * start. The modules' state is read and written in their dicts (set up by lifecycle_setup). */
+static PyObject *lc_g = NULL, *dp_g = NULL, *st_g = NULL;  /* lifecycle, dispatch, state dicts */
+static PyObject *lc_py_pre = NULL, *lc_py_ending = NULL, *lc_py_change = NULL;
+static PyObject *lc_py_calls_none = NULL;
+static PyObject *lc_one = NULL; /* 1 */
+static PyObject *s_quiet, *s_optimizer, *s_seen_opt, *s_pending, *s_open_step, *s_started,
+    *s_steps_in_epoch, *s_claimed, *s_hooks, *s_services, *s_kinds, *s_manual_step,
+    *s_step_name, *s_idle_points, *s_off, *s_frequency, *s_should_trigger, *s_before_step,
+    *s_after_step;
+
+/* a global of one of the modules, borrowed; NULL (no exception) when absent */
+static inline PyObject *lc_get(PyObject *d, PyObject *name) {
+    PyObject *v = PyDict_GetItemWithError(d, name);
+    if (!v) PyErr_Clear();
+    return v;
+}
+
+static inline int lc_truth(PyObject *d, PyObject *name) {
+    PyObject *v = lc_get(d, name);
+    int r = v ? PyObject_IsTrue(v) : 0;
+    if (r < 0) PyErr_Clear(); /* not a truth value (ints and bools here): false */
+    return r > 0;
+}
+
+/* dispatch._claimed is None and bool(dispatch._hooks) */
+static int lc_heard(void) {
+    PyObject *c = lc_get(dp_g, s_claimed), *h = lc_get(dp_g, s_hooks);
+    return (!c || c == Py_None) && h && PyList_Check(h) && PyList_GET_SIZE(h) > 0;
+}
+
+/* dispatch.calls_none(point, at): 1 / 0, -1 when this cannot tell (then Python answers) */
+static int lc_calls_none(PyObject *point, PyObject *at) {
+    PyObject *hooks = lc_get(dp_g, s_hooks), *kinds = lc_get(dp_g, s_kinds);
+    if (!hooks || !PyList_Check(hooks) || !kinds || !PyDict_Check(kinds)) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hooks); i++) {
+        PyObject *hook = Py_NewRef(PyList_GET_ITEM(hooks, i));
+        PyObject *d = NULL; /* getattr(hook, "__dict__", {}) as Python reads it */
+        int r = -1;
+        PyObject *kind = PyDict_GetItemWithError(kinds, (PyObject *)Py_TYPE(hook));
+        if (!kind || !PyTuple_Check(kind) || PyTuple_GET_SIZE(kind) != 2) goto next;
+        PyObject *own = PyTuple_GET_ITEM(kind, 0);
+        int plain = PyTuple_GET_ITEM(kind, 1) == Py_True;
+        if (Py_TYPE(hook)->tp_dictoffset) {
+            d = PyObject_GenericGetDict(hook, NULL);
+            if (!d) goto next;
+            if (!PyDict_Check(d)) Py_CLEAR(d);
+        }
+        PyObject *idle = d ? PyDict_GetItemWithError(d, s_idle_points) : NULL;
+        if (!idle && PyErr_Occurred()) goto next;
+        PyObject *off = PyObject_GetAttr(hook, s_off);
+        int is_off = 0;
+        if (!off) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto next;
+            PyErr_Clear();
+        } else {
+            is_off = PyObject_IsTrue(off);
+            Py_DECREF(off);
+            if (is_off < 0) goto next;
+        }
+        if (is_off) {
+            r = 2; /* continue */
+            goto next;
+        }
+        int in_own = PySet_Contains(own, point);
+        if (in_own < 0) goto next;
+        int in_d = d ? PyDict_Contains(d, point) : 0;
+        if (in_d < 0) goto next;
+        if (!in_own && !in_d) {
+            r = 2;
+            goto next;
+        }
+        if (idle) {
+            int t = PyObject_IsTrue(idle);
+            int c = t == 1 ? PySequence_Contains(idle, point) : 0;
+            if (t < 0 || c < 0) goto next;
+            if (c) {
+                r = 2;
+                goto next;
+            }
+        }
+        int st = d ? PyDict_Contains(d, s_should_trigger) : 0;
+        if (st < 0) goto next;
+        if (!plain || st) {
+            r = 0;
+            goto next;
+        }
+        PyObject *f = PyObject_GetAttr(hook, s_frequency);
+        PyObject *m = f ? PyNumber_Remainder(at, f) : NULL;
+        Py_XDECREF(f);
+        if (!m) { /* Python: any exception there means "called" (emit reports it) */
+            PyErr_Clear();
+            r = 0;
+            goto next;
+        }
+        int nz = PyObject_IsTrue(m);
+        Py_DECREF(m);
+        if (nz < 0) {
+            PyErr_Clear();
+            r = 0;
+            goto next;
+        }
+        r = nz ? 2 : 0;
+    next:
+        Py_XDECREF(d);
+        Py_DECREF(hook);
+        if (r == -1) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (r == 0) return 0;
+    }
+    return 1;
+}
+
+/* calls_none(point, at) through the C twin, else dispatch.calls_none: 1 / 0 / -1 (error) */
+static int lc_calls_none_or_py(PyObject *point, PyObject *at) {
+    int r = lc_calls_none(point, at);
+    if (r >= 0) return r;
+    PyObject *v = PyObject_CallFunctionObjArgs(lc_py_calls_none, point, at, NULL);
+    if (!v) return -1;
+    r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static inline int lc_set(PyObject *d, PyObject *name, PyObject *v) {
+    return PyDict_SetItem(d, name, v);
+}
+
+/* lifecycle._on_optimizer_pre's shortcut: a later step of a known optimizer whose
+ * before_step calls no hook: _open_step(pending, unheard=True)'s bookkeeping */
+static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (!lc_g || n != 3) goto python;
+    if (lc_truth(st_g, s_manual_step) || lc_truth(lc_g, s_quiet)) Py_RETURN_NONE;
+    PyObject *opt = lc_get(lc_g, s_optimizer), *seen = lc_get(lc_g, s_seen_opt);
+    if (!opt || opt == Py_None || !seen || !PyDict_Check(seen)) goto python;
+    PyObject *key = PyLong_FromVoidPtr(a[0]);
+    PyObject *w = key ? PyDict_GetItemWithError(seen, key) : NULL; /* borrowed */
+    Py_XDECREF(key);
+    if (!w) goto python;
+    if (!PyWeakref_Check(w) || PyWeakref_GetObject(w) != a[0]) goto python;
+    PyObject *pending = lc_get(lc_g, s_pending);
+    if (!pending) goto python;
+    if (pending != Py_None && lc_heard()) {
+        if (lc_calls_none_or_py(s_before_step, pending) != 1) goto python;
+    }
+    if (pending != Py_None) {
+        Py_INCREF(pending);
+        PyObject *k = lc_get(lc_g, s_steps_in_epoch);
+        PyObject *k1 = k ? PyNumber_Add(k, lc_one) : NULL;
+        PyObject *services = lc_get(dp_g, s_services);
+        int bad = !k1 || !services || !PyDict_Check(services) ||
+                  lc_set(lc_g, s_open_step, pending) < 0 ||
+                  lc_set(lc_g, s_pending, Py_None) < 0 ||
+                  lc_set(lc_g, s_steps_in_epoch, k1) < 0 ||
+                  PyDict_SetItem(services, s_step_name, pending) < 0;
+        Py_XDECREF(k1);
+        Py_DECREF(pending);
+        if (bad) goto python; /* memory: Python's path reports what fails there */
+    }
+    Py_RETURN_NONE;
+python: /* what the shortcut does not take, and anything that failed in it */
+    PyErr_Clear();
+    return PyObject_Vectorcall(lc_py_pre, a, n, NULL);
+}
+
+static int lc_same(PyObject *x, PyObject *y) { return PyObject_RichCompareBool(x, y, Py_EQ); }
+
+/* lifecycle._on_step_ending's shortcut: the open step ends and calls no hook */
+static PyObject *lc_ending(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (!lc_g || n != 2) goto python;
+    if (lc_truth(lc_g, s_quiet)) Py_RETURN_NONE;
+    int eq = lc_same(a[0], a[1]);
+    if (eq < 0) goto python;
+    if (eq) Py_RETURN_NONE;
+    PyObject *open = lc_get(lc_g, s_open_step);
+    if (!open || open == Py_None || !lc_truth(lc_g, s_started)) goto python;
+    if (lc_heard()) {
+        Py_INCREF(open);
+        int r = lc_calls_none_or_py(s_after_step, open);
+        Py_DECREF(open);
+        if (r != 1) goto python;
+    }
+    if (lc_set(lc_g, s_open_step, Py_None) < 0) goto python;
+    Py_RETURN_NONE;
+python:
+    PyErr_Clear();
+    return PyObject_Vectorcall(lc_py_ending, a, n, NULL);
+}
+
+/* lifecycle._on_step_change: an optimizer step leaves the new step pending */
+static PyObject *lc_change(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (!lc_g || n != 2) goto python;
+    if (lc_truth(lc_g, s_quiet)) Py_RETURN_NONE;
+    int eq = lc_same(a[0], a[1]);
+    if (eq < 0) goto python;
+    if (eq) Py_RETURN_NONE;
+    if (lc_truth(st_g, s_manual_step)) goto python;
+    if (lc_set(lc_g, s_pending, a[1]) < 0) goto python;
+    Py_RETURN_NONE;
+python:
+    PyErr_Clear();
+    return PyObject_Vectorcall(lc_py_change, a, n, NULL);
+}
+
+static PyObject *lc_calls_none_py(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (!lc_g || n != 2) {
+        PyErr_SetString(PyExc_TypeError, "calls_none(point, at) after lifecycle_setup");
+        return NULL;
+    }
+    int r = lc_calls_none_or_py(a[0], a[1]);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* lifecycle_setup(lifecycle globals, dispatch globals, state globals, _on_optimizer_pre,
+ * _on_step_ending, _on_step_change, calls_none): the Python twins the shortcuts hand the rest
+ * to */
+static PyObject *lifecycle_setup(PyObject *self, PyObject *args) {
+    PyObject *lg, *dg, *sg, *pre, *ending, *change, *cn;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO", &PyDict_Type, &lg, &PyDict_Type, &dg,
+                          &PyDict_Type, &sg, &pre, &ending, &change, &cn))
+        return NULL;
+#define INTERN(v, s) if (!v && !(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(s_quiet, "_quiet");
+    INTERN(s_optimizer, "_optimizer");
+    INTERN(s_seen_opt, "_seen_optimizers");
+    INTERN(s_pending, "pending");
+    INTERN(s_open_step, "open_step");
+    INTERN(s_started, "started");
+    INTERN(s_steps_in_epoch, "steps_in_epoch");
+    INTERN(s_claimed, "_claimed");
+    INTERN(s_hooks, "_hooks");
+    INTERN(s_services, "_services");
+    INTERN(s_kinds, "_kinds");
+    INTERN(s_manual_step, "manual_step");
+    INTERN(s_step_name, "step");
+    INTERN(s_idle_points, "idle_points");
+    INTERN(s_off, "off");
+    INTERN(s_frequency, "frequency");
+    INTERN(s_should_trigger, "should_trigger");
+    INTERN(s_before_step, "before_step");
+    INTERN(s_after_step, "after_step");
+#undef INTERN
+    if (!lc_one && !(lc_one = PyLong_FromLong(1))) return NULL;
+    Py_XSETREF(lc_py_pre, Py_NewRef(pre));
+    Py_XSETREF(lc_py_ending, Py_NewRef(ending));
+    Py_XSETREF(lc_py_change, Py_NewRef(change));
+    Py_XSETREF(lc_py_calls_none, Py_NewRef(cn));
+    Py_XSETREF(dp_g, Py_NewRef(dg));
+    Py_XSETREF(st_g, Py_NewRef(sg));
+    Py_XSETREF(lc_g, Py_NewRef(lg)); /* last: it turns the shortcuts on */
+    Py_RETURN_NONE;
+}
+
 static PyObject *set_step(PyObject *self, PyObject *arg) {
     long long s = PyLong_AsLongLong(arg);
     if (s == -1 && PyErr_Occurred()) return NULL;
@@ -3311,6 +3572,16 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(active, nested, parents, mode, slow, flush_rows, wake)"},
     {"set_step", set_step, METH_O, "the current training step"},
+    {"lifecycle_setup", lifecycle_setup, METH_VARARGS,
+     "lifecycle_setup(lifecycle, dispatch, state globals, pre, ending, change, calls_none)"},
+    {"lifecycle_pre", (PyCFunction)(void (*)(void))lc_pre, METH_FASTCALL,
+     "lifecycle._on_optimizer_pre's idle steps"},
+    {"lifecycle_ending", (PyCFunction)(void (*)(void))lc_ending, METH_FASTCALL,
+     "lifecycle._on_step_ending's idle steps"},
+    {"lifecycle_change", (PyCFunction)(void (*)(void))lc_change, METH_FASTCALL,
+     "lifecycle._on_step_change"},
+    {"calls_none", (PyCFunction)(void (*)(void))lc_calls_none_py, METH_FASTCALL,
+     "dispatch.calls_none(point, at)'s twin"},
     {"untrack_sample", untrack_sample, METH_O,
      "untrack_sample(entry): an extension tables' sample, untracked (see the C comment)"},
     {"set_default_phase", set_default_phase, METH_O,

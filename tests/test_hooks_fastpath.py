@@ -52,6 +52,7 @@ def test_calls_none_agrees_with_what_emit_calls() -> None:
     for trial in range(40):
         dispatch._reset()
         log: list[Any] = []
+        ruled = False
         for j in range(rnd.randint(0, 4)):
             kind = rnd.choice((Rec, AfterOnly, BaseHook))
             h = kind(log, name=f"h{j}", frequency=rnd.randint(1, 5)) if kind is not BaseHook \
@@ -64,13 +65,41 @@ def test_calls_none_agrees_with_what_emit_calls() -> None:
                     _log.append((_n, "before_step", step))
 
                 h.before_step = own  # type: ignore[method-assign]
+            if rnd.random() < 0.15:  # idle at a point for now
+                h.idle_points = frozenset({rnd.choice(("before_step", "after_step"))})
+            if rnd.random() < 0.1:  # an instance-level rule: asked by emit, counted as called
+                h.should_trigger = lambda step: step % 2 == 0  # type: ignore[method-assign]
+                ruled = True
             ph.add(h)
         for s in range(12):
             for point in ("before_step", "after_step"):
                 n = len(log)
                 predicted = dispatch.calls_none(point, s)
+                # the native core's twin (dispatch.calls_none once lifecycle detection is
+                # loaded) and the Python function agree
+                assert predicted == dispatch.py_calls_none(point, s), (trial, s, point)
                 ph.emit(point, step=s)
-                assert predicted == (len(log) == n), (trial, s, point, log[n:])
+                if ruled:  # its rule may say no: "none called" must still hold when said
+                    assert not predicted or len(log) == n, (trial, s, point, log[n:])
+                else:
+                    assert predicted == (len(log) == n), (trial, s, point, log[n:])
+
+
+def test_the_native_core_takes_the_idle_steps_with_python_twins() -> None:
+    """With the native core, zero-code detection's listeners and pre-hook are its C twins
+    (pprobe/_native.c, "lifecycle hooks' steps"), which hand the Python functions whatever
+    is not an idle step; without it, the Python functions themselves."""
+    from pprobe import core
+
+    native = core.native
+    if native is None:
+        assert lifecycle._on_optimizer_pre is lifecycle._py_on_optimizer_pre
+        assert dispatch.calls_none is dispatch.py_calls_none
+        return
+    assert lifecycle._on_optimizer_pre is native.lifecycle_pre
+    assert lifecycle._on_step_ending is native.lifecycle_ending
+    assert lifecycle._on_step_change is native.lifecycle_change
+    assert dispatch.calls_none is native.calls_none
 
 
 def test_an_overriding_should_trigger_is_asked_once_per_point_by_zero_code_steps(

@@ -144,7 +144,7 @@ def _kind(cls: type) -> tuple[frozenset[str], bool]:
     return k
 
 
-def calls_none(point: str, at: int) -> bool:
+def py_calls_none(point: str, at: int) -> bool:
     """Whether the step or epoch point ``point`` at count ``at`` would call no hook: every
     live hook is off, has no method for it, holds it in its ``idle_points``, or has
     BaseHook's ``should_trigger`` and ``at % frequency`` is not 0. A hook with its own
@@ -166,6 +166,12 @@ def calls_none(point: str, at: int) -> bool:
         except Exception:  # noqa: BLE001 - emit reports it
             return False
     return True
+
+
+#: calls_none(point, at): the native core's twin of :func:`py_calls_none` (which answers
+#: where the twin cannot tell: a hook class not yet seen) once lifecycle detection has set it
+#: up, else the Python function.
+calls_none = py_calls_none
 
 
 def emit(point: str, source: str | None = None, **ctx: Any) -> None:

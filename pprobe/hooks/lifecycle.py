@@ -275,8 +275,9 @@ class quiet:
         _quiet -= 1
 
 
-def _on_step_ending(old: int, new: int) -> None:
-    """recorder's step-ending listener: step ``old`` ends (``state.step`` is still ``old``,
+def _py_on_step_ending(old: int, new: int) -> None:
+    """recorder's step-ending listener (the native core's ``lifecycle_ending`` takes its idle
+    steps and hands it the rest): step ``old`` ends (``state.step`` is still ``old``,
     so what ``after_step`` records is in the step that ends)."""
     global open_step
     if _quiet or old == new:
@@ -296,8 +297,9 @@ def _on_step_ending(old: int, new: int) -> None:
         _close_step()
 
 
-def _on_step_change(old: int, new: int) -> None:
-    """recorder's step listener: the step moved from ``old`` to ``new``.
+def _py_on_step_change(old: int, new: int) -> None:
+    """recorder's step listener: the step moved from ``old`` to ``new`` (the native core's
+    ``lifecycle_change`` is its twin and hands it manual steps).
 
     ``pprobe.step()`` opens the new step at once. An optimizer step leaves it pending: it
     opens at the training loader's next batch or the next ``optimizer.step()``, whichever
@@ -313,7 +315,9 @@ def _on_step_change(old: int, new: int) -> None:
 
 
 # ---------------------------------------------------------------------- torch
-def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+def _py_on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """torch's global optimizer pre-hook (the native core's ``lifecycle_pre`` takes the idle
+    steps of known optimizers and hands it the rest)."""
     global _optimizer, _train_loader
     if state.manual_step or _quiet:
         return
@@ -357,6 +361,23 @@ def _on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
                 _open_step(state.step)
     except Exception as exc:  # noqa: BLE001
         _report.internal_error("optimizer pre-step hook (lifecycle hooks)", exc)
+
+
+def _fast_paths() -> tuple[Any, Any, Any]:
+    """The listeners and the pre-hook: the native core's twins (an idle step costs no Python
+    frame: pprobe/_native.c, "lifecycle hooks' steps"), or the Python functions."""
+    from .. import core
+
+    native = core.native
+    if native is None or not hasattr(native, "lifecycle_setup"):
+        return _py_on_optimizer_pre, _py_on_step_ending, _py_on_step_change
+    twins = (_py_on_optimizer_pre, _py_on_step_ending, _py_on_step_change, dispatch.py_calls_none)
+    native.lifecycle_setup(globals(), vars(dispatch), vars(state), *twins)
+    dispatch.calls_none = native.calls_none
+    return native.lifecycle_pre, native.lifecycle_ending, native.lifecycle_change
+
+
+_on_optimizer_pre, _on_step_ending, _on_step_change = _fast_paths()
 
 
 def _find_services(optimizer: Any, again: bool = False) -> None:
