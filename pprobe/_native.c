@@ -3107,7 +3107,15 @@ static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     PyObject *w = key ? PyDict_GetItemWithError(seen, key) : NULL; /* borrowed */
     Py_XDECREF(key);
     if (!w) goto python;
-    if (!PyWeakref_Check(w) || PyWeakref_GetObject(w) != a[0]) goto python;
+    if (!PyWeakref_Check(w)) goto python;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *alive = NULL;
+    if (PyWeakref_GetRef(w, &alive) < 0) goto python;
+    Py_XDECREF(alive); /* only compared: the optimizer is a[0], held by the call */
+#else
+    PyObject *alive = PyWeakref_GetObject(w); /* borrowed */
+#endif
+    if (alive != a[0]) goto python;
     PyObject *pending = lc_get(lc_g, s_pending);
     if (!pending) goto python;
     if (pending != Py_None && lc_heard()) {
