@@ -3230,6 +3230,171 @@ static PyObject *lifecycle_setup(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ extension tables' steps
+ * The twin of pprobe.ext.tables.on_step and the sample it takes at a step boundary (the
+ * recorder's step listener): every ``sample_steps`` boundaries, each @table / @metric
+ * function is called (as pprobe's own code: depth INTERNAL), a metric's value made a float
+ * and a table's dict copied, and one untracked entry (step, rank, ts_ns, sources, values)
+ * appended to tables._raw, with state.step the step that ends. A value of another kind goes
+ * through tables._sampled_value (lists, frames) and a raise through tables.note_failure, as
+ * in the Python sample; the first call (the setting not read yet) is the Python on_step's. */
+static PyObject *es_g = NULL, *es_st = NULL, *es_py_on_step = NULL, *es_py_value = NULL;
+static PyObject *es_py_failure = NULL, *es_skip = NULL;
+static PyObject *s_every, *s_sources, *s_steps_seen, *s_todo, *s_raw, *s_step_st, *s_rank,
+    *s_fn, *s_kind, *s_what, *s_metric_str;
+
+static PyObject *es_entry_values(PyObject *todo, int *some) {
+    Py_ssize_t n = PyTuple_GET_SIZE(todo);
+    PyObject *gots = PyTuple_New(n);
+    if (!gots) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PyTuple_GET_ITEM(todo, i), *got = NULL;
+        int off = attr_true(s, s_off);
+        if (off < 0) goto fail;
+        if (off) {
+            PyTuple_SET_ITEM(gots, i, Py_NewRef(es_skip));
+            continue;
+        }
+        PyObject *fn = PyObject_GetAttr(s, s_fn), *kind = fn ? PyObject_GetAttr(s, s_kind) : NULL;
+        PyObject *raw = kind ? PyObject_CallNoArgs(fn) : NULL;
+        if (raw) {
+            int metric = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_metric_str) == 0;
+            if (metric) got = raw == Py_None ? Py_NewRef(Py_None) : PyNumber_Float(raw);
+            else if (PyDict_CheckExact(raw)) got = PyDict_Copy(raw);
+            else if (raw == Py_None) got = Py_NewRef(Py_None);
+            else got = PyObject_CallFunctionObjArgs(es_py_value, s, raw, NULL);
+            Py_DECREF(raw);
+        }
+        Py_XDECREF(fn);
+        Py_XDECREF(kind);
+        if (!got) {
+            /* Python's sample catches Exception: a KeyboardInterrupt goes to the program */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto fail;
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            PyErr_NormalizeException(&et, &ev, &tb);
+            if (tb && ev) PyException_SetTraceback(ev, tb);
+            PyObject *what = PyObject_GetAttr(s, s_what);
+            PyObject *r = what && ev ? PyObject_CallFunctionObjArgs(es_py_failure, what, s, ev, NULL)
+                                     : NULL;
+            Py_XDECREF(what);
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            if (!r) goto fail;
+            Py_DECREF(r);
+            PyTuple_SET_ITEM(gots, i, Py_NewRef(es_skip));
+            continue;
+        }
+        PyTuple_SET_ITEM(gots, i, got);
+        *some = 1;
+    }
+    return gots;
+fail:
+    Py_DECREF(gots);
+    return NULL;
+}
+
+static PyObject *es_on_step(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    if (!es_g || n != 2) goto python;
+    PyObject *every = lc_get(es_g, s_every);
+    if (!every || every == Py_None || !PyLong_CheckExact(every)) goto python;
+    long ev = PyLong_AsLong(every);
+    PyObject *sources = lc_get(es_g, s_sources);
+    if (ev <= 0 || !sources || !PyDict_Check(sources) || !PyDict_GET_SIZE(sources))
+        Py_RETURN_NONE;
+    int eq = PyObject_RichCompareBool(a[0], a[1], Py_EQ);
+    if (eq < 0) return NULL;
+    if (eq) Py_RETURN_NONE; /* pprobe.step(n) at the step it is: no boundary */
+    PyObject *seen = lc_get(es_g, s_steps_seen);
+    long long k = seen ? PyLong_AsLongLong(seen) : -1;
+    if (k < 0) {
+        PyErr_Clear();
+        goto python;
+    }
+    PyObject *k1 = PyLong_FromLongLong(k + 1);
+    if (!k1 || PyDict_SetItem(es_g, s_steps_seen, k1) < 0) {
+        Py_XDECREF(k1);
+        return NULL;
+    }
+    Py_DECREF(k1);
+    if ((k + 1) % ev) Py_RETURN_NONE;
+    PyObject *todo = lc_get(es_g, s_todo), *rawl = lc_get(es_g, s_raw);
+    if (!todo || !PyTuple_CheckExact(todo) || !PyTuple_GET_SIZE(todo) || !rawl ||
+        !PyList_CheckExact(rawl))
+        Py_RETURN_NONE;
+    Py_INCREF(todo);
+    Py_INCREF(rawl);
+    /* what the functions record (pprobe.record in a @table) is in the step that ends */
+    PyObject *saved = lc_get(es_st, s_step_st);
+    Py_XINCREF(saved);
+    PyObject *res = NULL, *gots = NULL, *entry = NULL;
+    if (PyDict_SetItem(es_st, s_step_st, a[0]) < 0) goto done;
+    long depth = tl_depth;
+    tl_depth = INTERNAL;
+    int some = 0;
+    gots = es_entry_values(todo, &some);
+    tl_depth = depth;
+    if (!gots) goto done;
+    if (some) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        PyObject *rank = lc_get(es_st, s_rank);
+        PyObject *t = PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+        entry = t ? PyTuple_Pack(5, a[0], rank ? rank : Py_None, t, todo, gots) : NULL;
+        Py_XDECREF(t);
+        if (!entry) goto done;
+        PyObject_GC_UnTrack(gots); /* untrack_sample's reasons: only _raw refers to them */
+        PyObject_GC_UnTrack(entry);
+        if (PyList_Append(rawl, entry) < 0) goto done;
+    }
+    res = Py_NewRef(Py_None);
+done:
+    if (saved) {
+        PyObject *et, *ev2, *tb;
+        PyErr_Fetch(&et, &ev2, &tb);
+        if (PyDict_SetItem(es_st, s_step_st, saved) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev2, tb);
+        Py_DECREF(saved);
+    }
+    Py_XDECREF(entry);
+    Py_XDECREF(gots);
+    Py_DECREF(todo);
+    Py_DECREF(rawl);
+    return res;
+python:
+    return PyObject_Vectorcall(es_py_on_step, a, n, NULL);
+}
+
+/* ext_setup(tables globals, state globals, on_step, _sampled_value, note_failure, _SKIP) */
+static PyObject *ext_setup(PyObject *self, PyObject *args) {
+    PyObject *g, *st, *on_step, *value, *failure, *skip;
+    if (!PyArg_ParseTuple(args, "O!O!OOOO", &PyDict_Type, &g, &PyDict_Type, &st, &on_step,
+                          &value, &failure, &skip))
+        return NULL;
+#define INTERN(v, s) if (!v && !(v = PyUnicode_InternFromString(s))) return NULL
+    INTERN(s_every, "_every");
+    INTERN(s_sources, "sources");
+    INTERN(s_steps_seen, "_steps_seen");
+    INTERN(s_todo, "_todo");
+    INTERN(s_raw, "_raw");
+    INTERN(s_step_st, "step");
+    INTERN(s_rank, "rank");
+    INTERN(s_fn, "fn");
+    INTERN(s_kind, "kind");
+    INTERN(s_what, "what");
+    INTERN(s_metric_str, "metric");
+    INTERN(s_off, "off");
+#undef INTERN
+    Py_XSETREF(es_st, Py_NewRef(st));
+    Py_XSETREF(es_py_on_step, Py_NewRef(on_step));
+    Py_XSETREF(es_py_value, Py_NewRef(value));
+    Py_XSETREF(es_py_failure, Py_NewRef(failure));
+    Py_XSETREF(es_skip, Py_NewRef(skip));
+    Py_XSETREF(es_g, Py_NewRef(g)); /* last: it turns the C listener on */
+    Py_RETURN_NONE;
+}
+
 static PyObject *set_step(PyObject *self, PyObject *arg) {
     long long s = PyLong_AsLongLong(arg);
     if (s == -1 && PyErr_Occurred()) return NULL;
@@ -3580,6 +3745,10 @@ static PyMethodDef methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(active, nested, parents, mode, slow, flush_rows, wake)"},
     {"set_step", set_step, METH_O, "the current training step"},
+    {"ext_setup", ext_setup, METH_VARARGS,
+     "ext_setup(tables globals, state globals, on_step, _sampled_value, note_failure, _SKIP)"},
+    {"ext_on_step", (PyCFunction)(void (*)(void))es_on_step, METH_FASTCALL,
+     "pprobe.ext.tables.on_step's twin"},
     {"lifecycle_setup", lifecycle_setup, METH_VARARGS,
      "lifecycle_setup(lifecycle, dispatch, state globals, pre, ending, change, calls_none)"},
     {"lifecycle_pre", (PyCFunction)(void (*)(void))lc_pre, METH_FASTCALL,

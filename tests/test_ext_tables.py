@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -599,3 +600,85 @@ def test_rows_given_by_column_are_written_as_the_same_rows(tmp_path: Path) -> No
     assert [list(x) for x in a[:6]] == [list(x) for x in b]  # the same columns, in order
     assert [str(x) for x in a[:6]] == [str(x) for x in b]  # NaN == NaN as text
     assert [x["step"] for x in b] == [0, 0, 1, 1, 2, 2] and a[6]["param"] == "p"
+
+
+def test_the_native_step_listener_samples_as_on_step_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder's step listener is the native core's twin of ``on_step`` where the core
+    is built (``_native.ext_on_step``): the same values kept, the same failures noted, the
+    ending step in ``state.step`` while the functions run (as pprobe's own code), every
+    ``sample_steps`` boundaries."""
+    from pprobe import core, state
+
+    listener = tables._step_listener()
+    if core.native is None:
+        assert listener is tables.on_step
+        return
+    assert listener is core.native.ext_on_step
+    seen: list[tuple[int, bool]] = []
+    noted: list[str] = []
+
+    def calls(kind: str) -> Any:
+        n = {"i": 0}
+
+        def fn() -> Any:
+            n["i"] += 1
+            seen.append((state.step, state.local.depth >= state.INTERNAL))
+            return {"metric_int": n["i"], "metric_str": "2.5", "metric_none": None,
+                    "table_dict": {"a": n["i"], "b": "x"}, "table_rows": [{"a": 1}, {"a": 2}],
+                    "table_none": None}[kind]  # fmt: skip
+
+        return fn
+
+    def bad() -> float:
+        raise RuntimeError("no")
+
+    def run(step_fn: Any) -> list[tuple]:
+        tables.clear_rows()
+        monkeypatch.setattr(tables, "sources", {})
+        monkeypatch.setattr(tables, "_todo", ())
+        monkeypatch.setattr(tables, "_steps_seen", 0)
+        monkeypatch.setattr(tables, "_every", 2)
+        monkeypatch.setattr(tables, "note_failure", lambda what, s, e: noted.append(what))
+        if step_fn is listener:  # the core calls what ext_setup was given
+
+            def python_twin(old: int, new: int) -> None:
+                fell_back.append(old)
+                tables.on_step(old, new)
+
+            core.native.ext_setup(vars(tables), vars(state), python_twin,
+                                  tables._sampled_value, lambda w, s, e: noted.append(w),
+                                  tables._SKIP)  # fmt: skip
+        with tables._lock:
+            for kind in ("metric_int", "metric_str", "metric_none", "table_dict",
+                         "table_rows", "table_none"):  # fmt: skip
+                k = kind.split("_")[0]
+                tables.sources[(k, kind)] = tables.Source(k, kind, calls(kind))
+            tables.sources[("metric", "bad")] = tables.Source("metric", "bad", bad)
+            off = tables.Source("metric", "off", calls("metric_int"))
+            off.off = True
+            tables.sources[("metric", "off")] = off
+            tables._sources_changed()
+        monkeypatch.setattr(state, "step", 10)
+        for s in range(10, 16):
+            step_fn(s, s + 1)
+            assert state.step == 10  # put back after the sample
+        step_fn(12, 12)  # no boundary
+        return [(e[0], e[1], [v if v is not tables._SKIP else "SKIP" for v in e[4]])
+                for e in tables._raw]  # fmt: skip
+
+    fell_back: list[int] = []
+    native_got, native_seen, native_noted = run(listener), list(seen), list(noted)
+    assert fell_back == []  # the core sampled every boundary itself
+    seen.clear()
+    noted.clear()
+    python_got = run(tables.on_step)
+    assert native_got == python_got
+    assert [type(v) for v in native_got[0][2]] == [float, float, type(None), dict, list,
+                                                    type(None), str, str]  # fmt: skip
+    assert native_got[0][2][:2] == [1.0, 2.5]  # int -> float, "2.5" -> float, as float()
+    assert native_seen == seen and all(internal for _, internal in seen)
+    assert [s for s, _ in seen[::6]] == [11, 13, 15]  # every 2nd boundary: the ending step
+    assert native_noted == noted == ["metric 'bad'"] * 3
+    tables.clear_rows()
+    core.native.ext_setup(vars(tables), vars(state), tables.on_step, tables._sampled_value,
+                          tables.note_failure, tables._SKIP)  # fmt: skip

@@ -905,6 +905,31 @@ def on_step(old: int, new: int) -> None:
         state.step = saved
 
 
+def _sampled_value(s: Source, got: Any) -> Any:
+    """A ``@table``'s value that is neither a dict nor None, as :func:`sample` keeps it (the
+    native core's step listener hands these here)."""
+    if isinstance(got, (list, tuple)):
+        return [dict(r) if type(r) is dict else r for r in got]
+    return _rows_of(s.name, got)
+
+
+_listener: Any = None
+
+
+def _step_listener() -> Any:
+    """The recorder's step listener: the native core's twin of :func:`on_step` (no Python
+    frame at a step boundary: ``_native.ext_on_step``), or :func:`on_step` itself."""
+    global _listener
+    if _listener is None:
+        native = core.native
+        if native is not None and hasattr(native, "ext_setup"):
+            native.ext_setup(globals(), vars(state), on_step, _sampled_value, note_failure, _SKIP)
+            _listener = native.ext_on_step
+        else:
+            _listener = on_step
+    return _listener
+
+
 # ---------------------------------------------------------------------- lifecycle
 def _session() -> Any:
     mod = sys.modules.get("pprobe.session")
@@ -923,8 +948,9 @@ def _activate() -> None:
         _active = True
         from .. import recorder
 
-        if on_step not in recorder.step_listeners:
-            recorder.step_listeners.append(on_step)
+        listener = _step_listener()
+        if listener not in recorder.step_listeners:
+            recorder.step_listeners.append(listener)
     s = _session()
     if s is not None and _flusher is None:
         _flusher = _Flusher(s)
