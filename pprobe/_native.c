@@ -3141,15 +3141,20 @@ python: /* what the shortcut does not take, and anything that failed in it */
     return PyObject_Vectorcall(lc_py_pre, a, n, NULL);
 }
 
-static int lc_same(PyObject *x, PyObject *y) { return PyObject_RichCompareBool(x, y, Py_EQ); }
+/* a listener's (old, new): 1 the step moved (and no quiet() is on), 0 nothing to do, -1 the
+ * Python twin's (not set up, other arguments, a comparison that raised) */
+static int lc_moved(PyObject *const *a, Py_ssize_t n) {
+    if (!lc_g || n != 2) return -1;
+    if (lc_truth(lc_g, s_quiet)) return 0;
+    int eq = PyObject_RichCompareBool(a[0], a[1], Py_EQ);
+    return eq < 0 ? -1 : !eq;
+}
 
 /* lifecycle._on_step_ending's shortcut: the open step ends and calls no hook */
 static PyObject *lc_ending(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if (!lc_g || n != 2) goto python;
-    if (lc_truth(lc_g, s_quiet)) Py_RETURN_NONE;
-    int eq = lc_same(a[0], a[1]);
-    if (eq < 0) goto python;
-    if (eq) Py_RETURN_NONE;
+    int moved = lc_moved(a, n);
+    if (moved < 0) goto python;
+    if (!moved) Py_RETURN_NONE;
     PyObject *open = lc_get(lc_g, s_open_step);
     if (!open || open == Py_None || !lc_truth(lc_g, s_started)) goto python;
     if (lc_heard()) {
@@ -3167,11 +3172,9 @@ python:
 
 /* lifecycle._on_step_change: an optimizer step leaves the new step pending */
 static PyObject *lc_change(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if (!lc_g || n != 2) goto python;
-    if (lc_truth(lc_g, s_quiet)) Py_RETURN_NONE;
-    int eq = lc_same(a[0], a[1]);
-    if (eq < 0) goto python;
-    if (eq) Py_RETURN_NONE;
+    int moved = lc_moved(a, n);
+    if (moved < 0) goto python;
+    if (!moved) Py_RETURN_NONE;
     if (lc_truth(st_g, s_manual_step)) goto python;
     if (lc_set(lc_g, s_pending, a[1]) < 0) goto python;
     Py_RETURN_NONE;
