@@ -3303,6 +3303,10 @@ static PyObject *es_on_step(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     PyObject *every = lc_get(es_g, s_every);
     if (!every || every == Py_None || !PyLong_CheckExact(every)) goto python;
     long ev = PyLong_AsLong(every);
+    if (ev == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        goto python;
+    }
     PyObject *sources = lc_get(es_g, s_sources);
     if (ev <= 0 || !sources || !PyDict_Check(sources) || !PyDict_GET_SIZE(sources))
         Py_RETURN_NONE;
