@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 5
+#define DUMPIO_API 6
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {

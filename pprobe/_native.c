@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 7
+#define PPROBE_NATIVE_API 8
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */

@@ -22,7 +22,7 @@ from typing import Any
 
 CORES = ("auto", "native", "python")
 #: The interface version this Python side expects of pprobe/_native.c (PPROBE_NATIVE_API).
-API = 7
+API = 8
 
 native: ModuleType | None = None
 ENGINE = "python"
@@ -67,7 +67,7 @@ def fall_back(reason: str) -> None:
 
 
 #: The interface version this Python side expects of pprobe/_dumpio.c (DUMPIO_API).
-DUMPIO_API = 5
+DUMPIO_API = 6
 _dumpio_mod: Any = False  # not looked for yet
 
 

@@ -1235,8 +1235,7 @@ def _dumper_in_core(dumper: Any) -> tuple:
         return (None,)
     # plain CPU tensors' memory, read in C as torch_values.dumpable reads it (from the first
     # tensor's statistics on: torch_values.native_cpu_stats sets the reader up)
-    tmem = getattr(core.dumpio(), "_C_TENSOR_MEM", None)
-    return dumper, dumper.io.submit, dumps.head_of, tmem
+    return dumper, dumper.io.submit, dumps.head_of, dumper.io.m._C_TENSOR_MEM
 
 
 def _native_dump(

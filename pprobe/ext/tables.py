@@ -708,7 +708,7 @@ def sample(reason: str = "demand") -> None:
         _raw.append(entry)
 
 
-_untrack = getattr(core.native, "untrack_sample", None)
+_untrack = core.native.untrack_sample if core.native is not None else None
 
 
 def _take_raw() -> list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]]:
@@ -922,7 +922,7 @@ def _step_listener() -> Any:
     global _listener
     if _listener is None:
         native = core.native
-        if native is not None and hasattr(native, "ext_setup"):
+        if native is not None:
             native.ext_setup(globals(), vars(state), on_step, _sampled_value, note_failure, _SKIP)
             _listener = native.ext_on_step
         else:

@@ -369,7 +369,7 @@ def _fast_paths() -> tuple[Any, Any, Any]:
     from .. import core
 
     native = core.native
-    if native is None or not hasattr(native, "lifecycle_setup"):
+    if native is None:
         return _py_on_optimizer_pre, _py_on_step_ending, _py_on_step_change
     twins = (_py_on_optimizer_pre, _py_on_step_ending, _py_on_step_change, dispatch.py_calls_none)
     native.lifecycle_setup(globals(), vars(dispatch), vars(state), *twins)
