@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 8
+#define PPROBE_NATIVE_API 9
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -2967,10 +2967,14 @@ static PyObject *set_default_phase(PyObject *self, PyObject *arg) {
  * of dispatch.calls_none: a step whose points call no hook costs its bookkeeping only, with
  * no Python frame. Everything else (the first step, a point a hook fires at, manual steps,
  * anything these cannot tell) is handed to the Python functions, which check again from the
- * start. The modules' state is read and written in their dicts (set up by lifecycle_setup). */
+ * start. A later step of a known optimizer whose point does call a hook has its bookkeeping
+ * done here too; the emit is then one Python call (lifecycle._fire_before / _fire_after), not
+ * the Python twin's whole path. The modules' state is read and written in their dicts (set up
+ * by lifecycle_setup). */
 static PyObject *lc_g = NULL, *dp_g = NULL, *st_g = NULL;  /* lifecycle, dispatch, state dicts */
 static PyObject *lc_py_pre = NULL, *lc_py_ending = NULL, *lc_py_change = NULL;
 static PyObject *lc_py_calls_none = NULL;
+static PyObject *lc_py_fire_before = NULL, *lc_py_fire_after = NULL;
 static PyObject *lc_one = NULL; /* 1 */
 static PyObject *s_quiet, *s_optimizer, *s_seen_opt, *s_pending, *s_open_step, *s_started,
     *s_steps_in_epoch, *s_claimed, *s_hooks, *s_services, *s_kinds, *s_manual_step,
@@ -3118,8 +3122,11 @@ static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (alive != a[0]) goto python;
     PyObject *pending = lc_get(lc_g, s_pending);
     if (!pending) goto python;
+    int fire = 0; /* before_step calls a hook: _fire_before(pending) after the bookkeeping */
     if (pending != Py_None && lc_heard()) {
-        if (lc_calls_none_or_py(s_before_step, pending) != 1) goto python;
+        int r = lc_calls_none_or_py(s_before_step, pending);
+        if (r < 0) goto python;
+        fire = !r;
     }
     if (pending != Py_None) {
         Py_INCREF(pending);
@@ -3132,8 +3139,18 @@ static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
                   lc_set(lc_g, s_steps_in_epoch, k1) < 0 ||
                   PyDict_SetItem(services, s_step_name, pending) < 0;
         Py_XDECREF(k1);
+        if (bad) {
+            Py_DECREF(pending);
+            goto python; /* memory: Python's path reports what fails there */
+        }
+        if (fire) { /* it reports what its hooks raise, as the twin does: never raises */
+            PyObject *v = PyObject_CallOneArg(lc_py_fire_before, pending);
+            Py_DECREF(pending);
+            if (!v) return NULL;
+            Py_DECREF(v);
+            Py_RETURN_NONE;
+        }
         Py_DECREF(pending);
-        if (bad) goto python; /* memory: Python's path reports what fails there */
     }
     Py_RETURN_NONE;
 python: /* what the shortcut does not take, and anything that failed in it */
@@ -3157,13 +3174,26 @@ static PyObject *lc_ending(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (!moved) Py_RETURN_NONE;
     PyObject *open = lc_get(lc_g, s_open_step);
     if (!open || open == Py_None || !lc_truth(lc_g, s_started)) goto python;
+    Py_INCREF(open);
+    int fire = 0; /* after_step calls a hook: _fire_after(open) once the step is closed */
     if (lc_heard()) {
-        Py_INCREF(open);
         int r = lc_calls_none_or_py(s_after_step, open);
-        Py_DECREF(open);
-        if (r != 1) goto python;
+        if (r < 0) {
+            Py_DECREF(open);
+            goto python;
+        }
+        fire = !r;
     }
-    if (lc_set(lc_g, s_open_step, Py_None) < 0) goto python;
+    if (lc_set(lc_g, s_open_step, Py_None) < 0) {
+        Py_DECREF(open);
+        goto python;
+    }
+    if (fire) { /* what its hooks raise goes to the recorder's listener loop, as the twin's */
+        PyObject *v = PyObject_CallOneArg(lc_py_fire_after, open);
+        Py_DECREF(open);
+        return v;
+    }
+    Py_DECREF(open);
     Py_RETURN_NONE;
 python:
     PyErr_Clear();
@@ -3194,12 +3224,12 @@ static PyObject *lc_calls_none_py(PyObject *self, PyObject *const *a, Py_ssize_t
 }
 
 /* lifecycle_setup(lifecycle globals, dispatch globals, state globals, _on_optimizer_pre,
- * _on_step_ending, _on_step_change, calls_none): the Python twins the shortcuts hand the rest
- * to */
+ * _on_step_ending, _on_step_change, calls_none, _fire_before, _fire_after): the Python twins
+ * the shortcuts hand the rest to, and the emits of the points they find a hook for */
 static PyObject *lifecycle_setup(PyObject *self, PyObject *args) {
-    PyObject *lg, *dg, *sg, *pre, *ending, *change, *cn;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO", &PyDict_Type, &lg, &PyDict_Type, &dg,
-                          &PyDict_Type, &sg, &pre, &ending, &change, &cn))
+    PyObject *lg, *dg, *sg, *pre, *ending, *change, *cn, *fb, *fa;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOOOO", &PyDict_Type, &lg, &PyDict_Type, &dg,
+                          &PyDict_Type, &sg, &pre, &ending, &change, &cn, &fb, &fa))
         return NULL;
 #define INTERN(v, s) if (!v && !(v = PyUnicode_InternFromString(s))) return NULL
     INTERN(s_quiet, "_quiet");
@@ -3227,6 +3257,8 @@ static PyObject *lifecycle_setup(PyObject *self, PyObject *args) {
     Py_XSETREF(lc_py_ending, Py_NewRef(ending));
     Py_XSETREF(lc_py_change, Py_NewRef(change));
     Py_XSETREF(lc_py_calls_none, Py_NewRef(cn));
+    Py_XSETREF(lc_py_fire_before, Py_NewRef(fb));
+    Py_XSETREF(lc_py_fire_after, Py_NewRef(fa));
     Py_XSETREF(dp_g, Py_NewRef(dg));
     Py_XSETREF(st_g, Py_NewRef(sg));
     Py_XSETREF(lc_g, Py_NewRef(lg)); /* last: it turns the shortcuts on */
@@ -3757,7 +3789,8 @@ static PyMethodDef methods[] = {
     {"ext_on_step", (PyCFunction)(void (*)(void))es_on_step, METH_FASTCALL,
      "pprobe.ext.tables.on_step's twin"},
     {"lifecycle_setup", lifecycle_setup, METH_VARARGS,
-     "lifecycle_setup(lifecycle, dispatch, state globals, pre, ending, change, calls_none)"},
+     "lifecycle_setup(lifecycle, dispatch, state globals, pre, ending, change, calls_none, "
+     "fire_before, fire_after)"},
     {"lifecycle_pre", (PyCFunction)(void (*)(void))lc_pre, METH_FASTCALL,
      "lifecycle._on_optimizer_pre's idle steps"},
     {"lifecycle_ending", (PyCFunction)(void (*)(void))lc_ending, METH_FASTCALL,

@@ -132,6 +132,8 @@ def test_zero_code_steps_build_a_context_only_where_a_hook_fires(
     built: list[str] = []
     log: list[Any] = []
     monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
+    # the native core's emits (_fire_before / _fire_after) take the model alone
+    monkeypatch.setattr(lifecycle, "_model", lambda: built.append("ctx"))
     monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
     monkeypatch.setattr(lifecycle, "open_step", None)
     monkeypatch.setattr(lifecycle, "steps_in_epoch", 0)
@@ -253,6 +255,7 @@ def test_idle_points_are_neither_called_nor_built_for(monkeypatch: pytest.Monkey
     built: list[str] = []
     log: list[Any] = []
     monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
+    monkeypatch.setattr(lifecycle, "_model", lambda: built.append("ctx"))
     monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
     monkeypatch.setattr(lifecycle, "open_step", None)
     monkeypatch.setattr(lifecycle, "started", True)
@@ -418,3 +421,121 @@ def test_gradient_flow_keeps_before_step_when_zero_code_does_not_step(
     finally:
         tables.clear_rows()
         h.cleanup()
+
+
+class _Seen(BaseHook):
+    """Logs each point it is called at with what it was given and the state it ran in."""
+
+    def __init__(self, log: list[Any], raises: bool = False, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.log, self.raises = log, raises
+
+    def _note(self, point: str, step: int, **ctx: Any) -> None:
+        from pprobe import state
+
+        self.log.append((self.name, point, step, sorted(ctx), ctx.get("metrics"),
+                         lifecycle.opening, state.local.depth == state.INTERNAL))  # fmt: skip
+        if self.raises:
+            raise RuntimeError(f"{self.name} fails at {point} {step}")
+
+    def before_step(self, step: int, model: Any = None) -> None:
+        self._note("before_step", step, model=model)
+
+    def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
+        self._note("after_step", step, model=model, metrics=metrics)
+
+
+class _SeenAll(_Seen):
+    def before_step(self, step: int, **ctx: Any) -> None:  # type: ignore[override]
+        self._note("before_step", step, **ctx)
+
+
+_LC_STATE = ("started", "open_step", "pending", "steps_in_epoch", "opening", "epoch_open",
+             "_optimizer", "_train_loader", "_live_loader")  # fmt: skip
+
+
+def _zero_code_run(pre: Any, ending: Any, change: Any, seed: int, opt: Any, model: Any) -> Any:
+    """Random hooks driven through 12 optimizer steps as zero-code detection drives them:
+    the pre-hook, then the step-ending and step listeners; what the hooks saw and where
+    lifecycle detection ended."""
+    rnd = random.Random(seed)
+    dispatch._reset()
+    lifecycle._seen_optimizers.clear()
+    for name in _LC_STATE:
+        setattr(lifecycle, name, 0 if name == "steps_in_epoch" else
+                False if name in ("started", "epoch_open") else None)  # fmt: skip
+    log: list[Any] = []
+    for j in range(rnd.randint(1, 4)):
+        kind = rnd.choice((_Seen, _SeenAll, Rec, AfterOnly))
+        h = kind(log, name=f"h{j}", frequency=rnd.randint(1, 4))
+        if kind is _Seen and rnd.random() < 0.3:
+            h.raises = True
+        if rnd.random() < 0.15:
+            h.idle_points = frozenset({rnd.choice(("before_step", "after_step"))})
+        if rnd.random() < 0.15:  # an instance-level rule
+            h.should_trigger = lambda step: step % 3 == 1  # type: ignore[method-assign]
+        if rnd.random() < 0.1:
+            h.off = True
+        ph.add(h)
+    dispatch.register_service("model", model)
+    for s in range(12):
+        pre(opt, (opt,), {})
+        ending(s, s + 1)
+        change(s, s + 1)
+    end = {name: getattr(lifecycle, name) for name in _LC_STATE}
+    end["step"] = dispatch.get_service("step")
+    end["failures"] = [getattr(h, "failures", 0) for h in dispatch.hooks()]
+    return log, end
+
+
+def test_the_native_core_fires_step_points_as_the_python_twins_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Zero-code steps whose points call hooks: the native core does the step's bookkeeping
+    and calls lifecycle._fire_before / _fire_after; the hooks see the same calls, context,
+    ``opening`` and recording-off state, and detection ends in the same state as with the
+    Python twins, over random hooks (frequencies, idle points, rules, hooks that raise)."""
+    torch = pytest.importorskip("torch")
+    from pprobe import core, state
+
+    native = core.native
+    if native is None:
+        pytest.skip("the Python engine: no native twins")
+    reported: list[str] = []
+    monkeypatch.setattr(_report, "internal_error", lambda where, exc, **kw: reported.append(where))
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    py = (lifecycle._py_on_optimizer_pre, lifecycle._py_on_step_ending,
+          lifecycle._py_on_step_change)  # fmt: skip
+    handed: list[str] = []  # what the native functions hand the Python twins
+
+    def counted(fn: Any) -> Any:
+        def call(*a: Any) -> Any:
+            handed.append(fn.__name__)
+            return fn(*a)
+
+        return call
+
+    twins = (*map(counted, py), dispatch.py_calls_none, lifecycle._fire_before,
+             lifecycle._fire_after)  # fmt: skip
+    native.lifecycle_setup(vars(lifecycle), vars(dispatch), vars(state), *twins)
+    try:
+        fired = 0
+        for seed in range(30):
+            reported.clear()
+            want = _zero_code_run(*py, seed, opt, model)
+            want_reported = reported[:]
+            reported.clear()
+            handed.clear()
+            got = _zero_code_run(native.lifecycle_pre, native.lifecycle_ending,
+                                 native.lifecycle_change, seed, opt, model)  # fmt: skip
+            assert got == want, seed
+            assert reported == want_reported, seed
+            # only the first step (its optimizer's services) goes to the Python twins
+            assert handed.count("_py_on_optimizer_pre") == 1, (seed, handed)
+            assert "_py_on_step_ending" not in handed, (seed, handed)
+            fired += sum(e[1] == "after_step" for e in got[0])
+        assert fired > 50  # the runs did fire points
+    finally:
+        lifecycle._fast_paths()
+        dispatch._reset()

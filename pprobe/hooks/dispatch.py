@@ -132,6 +132,7 @@ _base_trigger = BaseHook.should_trigger
 #: BaseHook's), looked up once per hook per emit
 _kinds: dict[type, tuple[frozenset[str], bool]] = {}
 _NO_DICT: dict[str, Any] = {}
+_UNSEEN = object()  # a (class, point) whose keyword names _accepted has not read yet
 
 
 def _kind(cls: type) -> tuple[frozenset[str], bool]:
@@ -221,7 +222,9 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
             except Exception as exc:  # noqa: BLE001 - a hook never breaks the program
                 _failed(hook, "should_trigger", exc)
                 continue
-        names = _accepted(hook, point)
+        names: Any = _params.get((type(hook), point), _UNSEEN)
+        if names is _UNSEEN:
+            names = _accepted(hook, point)
         kw = ctx if names is None else {k: v for k, v in ctx.items() if k in names}
         saved = local.depth
         local.depth = state.INTERNAL  # the hook's own NumPy/torch calls are not recorded
