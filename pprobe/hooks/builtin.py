@@ -44,9 +44,10 @@ def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     """Rows into python.<table> (the extension API; exporters see them through its tap).
     The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
     table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
-    t = _ext_tables()
+    t = _tables if _tables is not None else _ext_tables()
     t.defer(table, [rows] if type(rows) is dict else rows)
-    t._activate()
+    if t._flusher is None or not t._active:  # (its first use, or no flusher yet)
+        t._activate()
 
 
 def record_columns(table: str, cols: dict[str, list[Any]]) -> None:
@@ -130,17 +131,17 @@ class TimeTrackingHook(BaseHook):
         self._file: Any = None
 
     # the numbers
-    def _batch(self) -> int | None:
+    def _batch(self, loader: Any) -> int | None:
+        """Samples per step; ``loader``: the train_loader service."""
         if self.batch_size:
             return int(self.batch_size)
-        loader = self.get_service("train_loader")
         bs = getattr(loader, "batch_size", None)
         return int(bs) if isinstance(bs, int) and bs > 0 else None
 
-    def _total(self) -> int | None:
+    def _total(self, loader: Any) -> int | None:
+        """Steps in the run, when known; ``loader``: the train_loader service."""
         if self.total_steps:
             return int(self.total_steps)
-        loader = self.get_service("train_loader")
         if self.total_epochs and loader is not None:
             try:
                 return int(self.total_epochs) * len(loader)
@@ -165,6 +166,7 @@ class TimeTrackingHook(BaseHook):
         if self._last is not None and step > self._last[0]:
             avg = (now - self._last[1]) / (step - self._last[0])
         per_step = avg if avg is not None else duration
+        loader = None if self.batch_size and self.total_steps else self.get_service("train_loader")
         row: dict[str, Any] = {"hook": self.name, "event": "step", "step": step,
                                "epoch": self.get_service("epoch"), "duration_s": duration,
                                "avg_step_s": avg, "elapsed_s": now - self._t_train,
@@ -172,10 +174,10 @@ class TimeTrackingHook(BaseHook):
                                "eta_s": None}  # fmt: skip
         if per_step:
             row["steps_per_s"] = 1.0 / per_step
-            bs = self._batch()
+            bs = self._batch(loader)
             if bs:
                 row["samples_per_s"] = bs / per_step
-        total = self._total()
+        total = self._total(loader)
         if total is not None and self._first is not None and step > self._first[0]:
             mean = (now - self._first[1]) / (step - self._first[0])
             row["eta_s"] = max(0, total - step - 1) * mean
@@ -416,9 +418,12 @@ class SystemMonitorHook(BaseHook):
         self._record({"event": "epoch", "epoch": epoch})
 
     def _record(self, where: dict[str, Any]) -> None:
-        s = dict(self._start().last)
-        gpus = s.pop("gpus", None) or [{}]
-        record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
+        s = dict((self.sampler or self._start()).last)
+        gpus = s.pop("gpus", None)
+        if not gpus:  # one row (gpu NULL)
+            record("system_monitor", {"hook": self.name, **where, **s})
+        else:
+            record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self.cleanup()
