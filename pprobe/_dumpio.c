@@ -36,6 +36,7 @@ typedef struct Job {
     char *data;  /* header + array bytes */
     size_t len;
     int pack;    /* append to this process's pack (pprobe/packs.py) instead of a file */
+    int err;     /* the worker's outcome: 0 or an errno */
 } Job;
 
 typedef struct Failure {
@@ -48,6 +49,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t cv_done = PTHREAD_COND_INITIALIZER;
 static Job *q_head = NULL, *q_tail = NULL;
+static Job *q_busy = NULL; /* the batch the worker is writing now, taken off the queue */
 static size_t q_bytes = 0, q_max = 64u << 20;
 static uint64_t n_submitted = 0, n_completed = 0, n_files = 0, n_links = 0, n_failed = 0;
 static uint64_t bytes_written = 0;
@@ -62,6 +64,8 @@ static Failure *failures = NULL;
  * crc32 of those 16 bytes + name + payload, u32 0), the seed name, the payload. Only the
  * worker thread touches the pack. */
 #define PACK_MAX (1ull << 30)
+/* iovecs per writev call (IOV_MAX is 1024 on Linux) */
+#define IOV_BATCH 1024
 static int pack_fd = -1;      /* worker only */
 static uint64_t pack_size = 0; /* worker only */
 static unsigned pack_k = 0;    /* worker only */
@@ -246,10 +250,8 @@ static int open_pack(int dfd) {
     return fd;
 }
 
-/* Append one entry (kind 0: data, 1: alias) to the pack; 0 or an errno. A failed append is
- * cut off (or the pack given up) so that no partial entry precedes later ones. */
-static int append_entry(int dfd, unsigned gen, int kind, const char *name, const char *payload,
-                        size_t plen) {
+/* the pack to append to, opened (or rotated) as needed; 0 or an errno */
+static int pack_ready(int dfd, unsigned gen) {
     if (pack_fd >= 0 && (gen != pack_gen || pack_size >= PACK_MAX)) {
         close(pack_fd);
         pack_fd = -1;
@@ -260,8 +262,12 @@ static int append_entry(int dfd, unsigned gen, int kind, const char *name, const
         pack_size = 0;
         pack_gen = gen;
     }
-    size_t nl = strlen(name);
-    unsigned char head[24];
+    return 0;
+}
+
+/* an entry's 24-byte head (kind 0: data, 1: alias), its CRC over head, name and payload */
+static void entry_head(unsigned char head[24], int kind, const char *name, size_t nl,
+                       const char *payload, size_t plen) {
     memcpy(head, "PPKE", 4);
     head[4] = 1;
     head[5] = (unsigned char)kind;
@@ -272,11 +278,16 @@ static int append_entry(int dfd, unsigned gen, int kind, const char *name, const
     crc = crc32_update(crc, (const unsigned char *)payload, plen);
     put_le(head + 16, crc, 4);
     put_le(head + 20, 0, 4);
-    struct iovec iov[3] = {{head, 24}, {(void *)name, nl}, {(void *)payload, plen}};
-    int cnt = plen ? 3 : 2, i = 0;
-    size_t left = 24 + nl + plen;
+}
+
+/* writev all of iov[0..cnt) to the pack (it moves iov's bases); 0 or an errno, after which
+ * the pack is cut back to pack_size (or given up) so that no partial entry precedes later
+ * ones */
+static int pack_writev(struct iovec *iov, int cnt, size_t left) {
+    int i = 0;
     while (left) {
-        ssize_t w = writev(pack_fd, iov + i, cnt - i);
+        int c = cnt - i > IOV_BATCH ? IOV_BATCH : cnt - i;
+        ssize_t w = writev(pack_fd, iov + i, c);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) {
             int err = w < 0 ? errno : ENOSPC;
@@ -296,8 +307,75 @@ static int append_entry(int dfd, unsigned gen, int kind, const char *name, const
             iov[i].iov_len -= (size_t)w;
         }
     }
-    pack_size += 24 + nl + plen;
     return 0;
+}
+
+/* Append one entry (kind 0: data, 1: alias) to the pack; 0 or an errno. A failed append is
+ * cut off (or the pack given up) so that no partial entry precedes later ones. */
+static int append_entry(int dfd, unsigned gen, int kind, const char *name, const char *payload,
+                        size_t plen) {
+    int err = pack_ready(dfd, gen);
+    if (err) return err;
+    size_t nl = strlen(name);
+    unsigned char head[24];
+    entry_head(head, kind, name, nl, payload, plen);
+    struct iovec iov[3] = {{head, 24}, {(void *)name, nl}, {(void *)payload, plen}};
+    err = pack_writev(iov, plen ? 3 : 2, 24 + nl + plen);
+    if (!err) pack_size += 24 + nl + plen;
+    return err;
+}
+
+static int pack_entry_failed(const char *name);
+static void note_pack_failure(const char *name);
+
+/* The pack jobs from j on (up to GROUP_MAX of them, not past PACK_MAX): their entries in one
+ * writev. Each job's err is set; the first job after them is returned. An alias to an entry
+ * that failed before fails (ENOENT). When the grouped write fails, the group's entries are
+ * appended one by one instead (append_entry's outcome for each, as without grouping). */
+#define GROUP_MAX 64
+static Job *append_group(int dfd, unsigned gen, Job *j) {
+    Job *jobs[GROUP_MAX];
+    unsigned char heads[GROUP_MAX][24];
+    struct iovec iov[3 * GROUP_MAX];
+    int n = 0, cnt = 0;
+    size_t total = 0;
+    int err = pack_ready(dfd, gen);
+    if (err) { /* no pack to append to: this job fails (the next one tries again) */
+        j->err = err;
+        note_pack_failure(j->name);
+        return j->next;
+    }
+    for (; j && j->pack && n < GROUP_MAX && (!n || pack_size + total < PACK_MAX); j = j->next) {
+        const char *payload = j->link ? j->link : j->data;
+        size_t plen = j->link ? strlen(j->link) : j->len;
+        if (j->link && pack_entry_failed(j->link)) {
+            j->err = ENOENT;
+            note_pack_failure(j->name);
+            continue;
+        }
+        size_t nl = strlen(j->name);
+        entry_head(heads[n], j->link ? 1 : 0, j->name, nl, payload, plen);
+        iov[cnt++] = (struct iovec){heads[n], 24};
+        iov[cnt++] = (struct iovec){j->name, nl};
+        if (plen) iov[cnt++] = (struct iovec){(void *)payload, plen};
+        total += 24 + nl + plen;
+        jobs[n++] = j;
+    }
+    if (!n) return j;
+    if (!pack_writev(iov, cnt, total)) {
+        pack_size += total;
+        for (int k = 0; k < n; k++) jobs[k]->err = 0;
+        return j;
+    }
+    for (int k = 0; k < n; k++) { /* the group's write failed (and was cut off): one by one */
+        Job *g = jobs[k];
+        g->err = g->link ? (pack_entry_failed(g->link)
+                                ? ENOENT
+                                : append_entry(dfd, gen, 1, g->name, g->link, strlen(g->link)))
+                         : append_entry(dfd, gen, 0, g->name, g->data, g->len);
+        if (g->err) note_pack_failure(g->name);
+    }
+    return j;
 }
 
 /* Pack entries that failed to append (FNV-1a hashes of their names; worker only): an alias
@@ -382,6 +460,9 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
  * context switches) per dump. A dump is written at most this much later; ``wait`` (the log
  * writer's barrier) still returns as soon as its jobs are done. */
 #define LINGER_NS 1000000L
+/* a worker's batch: at most this many jobs, or this many bytes (but at least one job) */
+#define BATCH_JOBS 256
+#define BATCH_BYTES (8u << 20)
 
 static void *worker(void *unused) {
     (void)unused;
@@ -407,48 +488,63 @@ static void *worker(void *unused) {
         }
         lingered = 0;
         if (!q_head) break; /* stopping and drained */
-        Job *j = q_head;
+        /* A batch: the jobs queued now, up to BATCH_JOBS of them or BATCH_BYTES (at least
+         * one), written without the lock and accounted for under it once (one lock round per
+         * batch, not two per job: the program's submits meet a held lock less often), their
+         * pack entries grouped into few writev calls. Their bytes stay in q_bytes until the
+         * batch is done, so the queue's memory bound holds. */
+        Job *batch = q_head, *last = q_head;
+        size_t taken = last->len;
+        for (int k = 1; k < BATCH_JOBS && last->next && taken + last->next->len <= BATCH_BYTES;
+             k++) {
+            last = last->next;
+            taken += last->len;
+        }
+        q_head = last->next;
+        if (!q_head) q_tail = NULL;
+        last->next = NULL;
+        q_busy = batch;
         int dfd = dirfd_;
         unsigned gen = dir_gen;
         pthread_mutex_unlock(&mu);
-        int err;
-        if (j->pack) {
-            if (j->link)
-                err = pack_entry_failed(j->link)
-                          ? ENOENT
-                          : append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link));
-            else
-                err = append_entry(dfd, gen, 0, j->name, j->data, j->len);
-            if (err) note_pack_failure(j->name);
-        } else if (j->link) {
-            err = linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0;
-        } else {
-            err = write_file(dfd, j->name, j->data, j->len);
+        for (Job *j = batch; j;) {
+            if (j->pack) {
+                j = append_group(dfd, gen, j);
+                continue;
+            }
+            j->err = j->link ? (linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0)
+                             : write_file(dfd, j->name, j->data, j->len);
+            j = j->next;
         }
         pthread_mutex_lock(&mu);
-        q_head = j->next;
-        if (!q_head) q_tail = NULL;
-        q_bytes -= j->len;
-        n_completed++;
-        if (err) {
-            n_failed++;
-            Failure *f = malloc(sizeof(Failure));
-            if (f) {
-                f->name = j->name;
-                j->name = NULL;
-                f->err = err;
-                f->next = failures;
-                failures = f;
+        for (Job *j = batch; j; j = j->next) {
+            q_bytes -= j->len;
+            n_completed++;
+            if (j->err) {
+                n_failed++;
+                Failure *f = malloc(sizeof(Failure));
+                if (f) {
+                    f->name = j->name;
+                    j->name = NULL;
+                    f->err = j->err;
+                    f->next = failures;
+                    failures = f;
+                }
+            } else if (j->link) {
+                n_links++;
+            } else {
+                n_files++;
+                bytes_written += j->len;
             }
-        } else if (j->link) {
-            n_links++;
-        } else {
-            n_files++;
-            bytes_written += j->len;
         }
+        q_busy = NULL;
         pthread_cond_broadcast(&cv_done);
         pthread_mutex_unlock(&mu);
-        free_job(j); /* outside the lock: freeing a large block is a syscall */
+        while (batch) { /* outside the lock: freeing a large block is a syscall */
+            Job *next = batch->next;
+            free_job(batch);
+            batch = next;
+        }
         pthread_mutex_lock(&mu);
     }
     running = 0;
@@ -479,12 +575,15 @@ static void atfork_child(void) {
     pthread_mutex_init(&mu, NULL);
     pthread_cond_init(&cv_work, NULL);
     pthread_cond_init(&cv_done, NULL);
-    Job *j = q_head;
-    while (j) {
-        Job *n = j->next;
-        free_job(j);
-        j = n;
+    for (int k = 0; k < 2; k++) { /* the queue, and the batch the parent's writer held */
+        Job *j = k ? q_busy : q_head;
+        while (j) {
+            Job *n = j->next;
+            free_job(j);
+            j = n;
+        }
     }
+    q_busy = NULL;
     Failure *f = failures;
     while (f) {
         Failure *n = f->next;
@@ -551,7 +650,9 @@ static int enqueue(Job *j) {
     return 0;
 }
 
-static inline int has_room(size_t need) { return !q_head || q_bytes + need <= q_max; }
+static inline int has_room(size_t need) {
+    return (!q_head && !q_busy) || q_bytes + need <= q_max;
+}
 
 /* set_host(host): the host part of this process's pack names (a safe file-name part) */
 static PyObject *dq_set_host(PyObject *self, PyObject *arg) {

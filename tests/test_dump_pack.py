@@ -8,6 +8,7 @@ bytes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -368,3 +369,69 @@ def test_a_forked_child_appends_to_a_pack_of_its_own(tmp_path: Path) -> None:
             assert np.all(a == a[0])
             # the child negated full(7, i), the parent full(9, -i), i >= 0
             assert a[0] <= 0 if x["shape"] == [7] else a[0] >= 0
+
+
+_GROUPED = r"""
+import json, os, resource, signal, sys
+import numpy as np
+from pprobe import core, dumps
+kind, folder, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+q = dumps.PyQueue() if kind == "python" else dumps.NativeQueue(core.dumpio())
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+if limit:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+fd = os.open(folder, os.O_RDONLY)
+q.set_host("testhost")
+q.open(fd, 64 << 20)
+rng = np.random.default_rng(3)
+for i in range(300):  # queued faster than written: the native writer groups them
+    a = rng.standard_normal(int(rng.integers(1, 400)))
+    h = dumps.npy_header(a.dtype, a.shape)
+    assert q.submit(f"d{i}.npy", h, a, None, True, True)
+    if i % 7 == 3:
+        assert q.submit(f"a{i}.npy", b"", None, f"d{i}.npy", True, True)
+    if i % 50 == 9:
+        assert q.submit(f"m{i}.npy", b"", None, "missing.npy", True, True)
+assert q.wait(q.ticket(), 30.0)
+assert q.close(30.0)
+print(json.dumps(sorted((n, e) for n, e, _ in q.failures())))
+"""
+
+
+@pytest.mark.parametrize("limit", [0, 300_000])
+def test_many_queued_entries_append_as_the_python_writer_does(tmp_path: Path, limit: int) -> None:
+    """Hundreds of entries queued at once (the native writer takes them in batches and appends
+    runs of them with one writev) give the Python writer's pack byte for byte, with the same
+    failures: aliases to a missing entry, and, under a file-size limit that a grouped write
+    crosses, the entries that no longer fit and their aliases (the pack keeps only complete
+    entries)."""
+    if core.dumpio() is None:
+        pytest.skip("no native dump writer in this build")
+    got = {}
+    for kind in ("python", "native"):
+        d = tmp_path / kind
+        d.mkdir()
+        cmd = [PYTHON, "-c", _GROUPED, kind, str(d), str(limit)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=clean_env(), timeout=120)
+        assert r.returncode == 0, r.stderr
+        packs_ = sorted((d / ".packs").iterdir())
+        got[kind] = (r.stdout, [p.read_bytes() for p in packs_])
+    assert got["native"] == got["python"]
+    out, blobs = got["native"]
+    failed = {n for n, _ in json.loads(out)}
+    names = ({f"d{i}.npy" for i in range(300)} | {f"a{i}.npy" for i in range(3, 300, 7)}
+             | {f"m{i}.npy" for i in range(9, 300, 50)})  # fmt: skip
+    if limit:
+        assert any(n.startswith("d") for n in failed)  # the limit was reached
+        # an alias of an entry that could not be appended fails too
+        assert {f"a{i}.npy" for i in range(3, 300, 7) if f"d{i}.npy" in failed} <= failed
+        assert all(len(b) <= limit for b in blobs)
+    else:
+        assert not failed  # (an alias to a name never dumped is appended: it loads as missing)
+    written = set(packs.names(str(tmp_path / "native")))
+    assert written == names - failed and len(written) > 100
+    rng = np.random.default_rng(3)
+    for i in range(300):
+        a = rng.standard_normal(int(rng.integers(1, 400)))
+        if f"d{i}.npy" in written:
+            assert _same(pprobe.load(str(tmp_path / "native" / f"d{i}.npy")), a)
