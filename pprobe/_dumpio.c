@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 6
+#define DUMPIO_API 7
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -1689,6 +1689,38 @@ static PyObject *tz_method(PyObject *x, PyObject *name) {
 /* x.name() is true: 1, 0, or -1 (an exception) */
 static int tz_method_true(PyObject *x, PyObject *name) { return tz_true(tz_method(x, name)); }
 
+/* The statistics' reads of this thread's tensors, kept for the dump of the same tensors in
+ * the same phase of a call (pprobe._native arms it, through the capsule _C_TENSOR_MEMO,
+ * before it describes a dump-mode call's inputs or outputs, and clears it when it has dumped
+ * them): a call's arrays are all described, then dumped, with no program code in between,
+ * so each tensor's checked read (ten attribute reads and calls through torch) is made once,
+ * and its dump asks only what the statistics did not (is_conj). Keyed by the tensor
+ * object, alive for the whole phase (the call holds it); cleared at every arming, so that an
+ * entry never outlives its phase. Thread-local: each thread records its own calls. */
+#define MEMO_N 16
+#define MEMO_DIMS 8
+typedef struct {
+    PyObject *x;  /* borrowed: the phase's descriptions hold it */
+    PyObject *dt; /* its dtype (a new reference) */
+    int t;
+    void *addr;
+    Py_ssize_t nd, shape[MEMO_DIMS], strides[MEMO_DIMS];
+} Memo;
+static __thread Memo memo[MEMO_N];
+static __thread int memo_n = 0, memo_on = 0;
+
+static void memo_clear(void) {
+    for (int i = 0; i < memo_n; i++) Py_CLEAR(memo[i].dt);
+    memo_n = 0;
+}
+
+/* for pprobe._native (the capsule _C_TENSOR_MEMO): on 1, forget and keep the reads from now
+ * on; 0, forget and keep none (the GIL held) */
+static void c_tensor_memo(int on) {
+    memo_clear();
+    memo_on = on;
+}
+
 /* A plain CPU tensor's elements, with the checks both readers make (stats_tensor, the
  * dumps' tensor_mem): 1 read (its type code, address, shape and byte strides; *dt the
  * tensor's dtype, a new reference, when dt is not NULL), 0 not handled here (no exception
@@ -1697,6 +1729,22 @@ static int tensor_read(PyObject *x, int *t_out, void **addr_out, Py_ssize_t *nd,
                        Py_ssize_t *shape, Py_ssize_t *strides, PyObject **dt_out, int conj) {
     if (!tz_plain || !tz_plain_type(Py_TYPE(x))) return 0;
     int t = -1, r;
+    if (conj) { /* a dump: the statistics' read of the same tensor in this phase, if kept */
+        for (int i = 0; i < memo_n; i++) {
+            Memo *m = &memo[i];
+            if (m->x != x) continue;
+            int c = tz_method_true(x, tz_is_conj);
+            PyErr_Clear();
+            if (c != 0) return 0;
+            *t_out = m->t;
+            *addr_out = m->addr;
+            *nd = m->nd;
+            memcpy(shape, m->shape, (size_t)m->nd * sizeof *shape);
+            memcpy(strides, m->strides, (size_t)m->nd * sizeof *strides);
+            if (dt_out) *dt_out = Py_NewRef(m->dt);
+            return 1;
+        }
+    }
     PyObject *dt = NULL, *layout = NULL, *ptr = NULL, *shp = NULL, *std = NULL;
     if ((r = tz_call_true(tz_tf_mode, NULL)) != 0) goto out;
     if (!(dt = PyObject_GetAttr(x, tz_dtype))) goto out;
@@ -1719,6 +1767,16 @@ static int tensor_read(PyObject *x, int *t_out, void **addr_out, Py_ssize_t *nd,
     *t_out = t;
     *addr_out = addr;
     if (dt_out) *dt_out = Py_NewRef(dt);
+    if (!conj && memo_on && memo_n < MEMO_N && *nd <= MEMO_DIMS) { /* kept for its dump */
+        Memo *m = &memo[memo_n++];
+        m->x = x;
+        m->dt = Py_NewRef(dt);
+        m->t = t;
+        m->addr = addr;
+        m->nd = *nd;
+        memcpy(m->shape, shape, (size_t)*nd * sizeof *shape);
+        memcpy(m->strides, strides, (size_t)*nd * sizeof *strides);
+    }
     Py_DECREF(dt);
     Py_DECREF(layout);
     Py_DECREF(ptr);
@@ -2154,6 +2212,12 @@ PyMODINIT_FUNC PyInit__dumpio(void) {
     }
     cap = PyCapsule_New((void *)c_tensor_stats, "pprobe._dumpio._C_TENSOR_STATS", NULL);
     if (!cap || PyModule_AddObject(m, "_C_TENSOR_STATS", cap) < 0) {
+        Py_XDECREF(cap);
+        Py_DECREF(m);
+        return NULL;
+    }
+    cap = PyCapsule_New((void *)c_tensor_memo, "pprobe._dumpio._C_TENSOR_MEMO", NULL);
+    if (!cap || PyModule_AddObject(m, "_C_TENSOR_MEMO", cap) < 0) {
         Py_XDECREF(cap);
         Py_DECREF(m);
         return NULL;

@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 9
+#define PPROBE_NATIVE_API 10
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -1708,6 +1708,13 @@ static PyObject *g_dumper = NULL, *g_dump_submit = NULL, *g_dump_head = NULL;
 typedef int (*tensor_mem_fn)(PyObject *, void **, Py_ssize_t *, int *, Py_ssize_t *,
                              PyObject **);
 static tensor_mem_fn g_tensor_mem = NULL; /* _dumpio's c_tensor_mem, or NULL */
+typedef void (*tensor_memo_fn)(int);
+/* _dumpio's c_tensor_memo, or NULL: armed before a dump-mode phase's descriptions (the
+ * statistics' tensor reads are kept for the dumps), cleared once the phase is dumped */
+static tensor_memo_fn g_tensor_memo = NULL;
+static inline void memo_arm(int on) {
+    if (g_tensor_memo) g_tensor_memo(on && g_mode == 2);
+}
 static Map2 g_tensor_heads;               /* NumPy type string (str) -> a = its header's start */
 /* this process's pid in dump names (0: not read yet; a forked child reads its own) */
 static long g_dump_pid = 0;
@@ -1888,14 +1895,20 @@ end:
 }
 
 static PyObject *set_dumper(PyObject *self, PyObject *args) {
-    /* set_dumper(dumper, submit, head[, tensor_mem]) or set_dumper(None): see dump_fast;
-     * tensor_mem: _dumpio's capsule _C_TENSOR_MEM (CPU tensors' memory: tensor_dump_mem) */
-    PyObject *d, *submit = Py_None, *head = Py_None, *tmem = Py_None;
-    if (!PyArg_ParseTuple(args, "O|OOO", &d, &submit, &head, &tmem)) return NULL;
+    /* set_dumper(dumper, submit, head[, tensor_mem[, tensor_memo]]) or set_dumper(None): see
+     * dump_fast; tensor_mem: _dumpio's capsule _C_TENSOR_MEM (CPU tensors' memory:
+     * tensor_dump_mem); tensor_memo: its _C_TENSOR_MEMO (one read per tensor and phase) */
+    PyObject *d, *submit = Py_None, *head = Py_None, *tmem = Py_None, *tmemo = Py_None;
+    if (!PyArg_ParseTuple(args, "O|OOOO", &d, &submit, &head, &tmem, &tmemo)) return NULL;
     tensor_mem_fn tf = NULL;
+    tensor_memo_fn tm = NULL;
     if (tmem != Py_None) {
         tf = (tensor_mem_fn)PyCapsule_GetPointer(tmem, "pprobe._dumpio._C_TENSOR_MEM");
         if (!tf) return NULL;
+    }
+    if (tmemo != Py_None) {
+        tm = (tensor_memo_fn)PyCapsule_GetPointer(tmemo, "pprobe._dumpio._C_TENSOR_MEMO");
+        if (!tm) return NULL;
     }
     if (d != Py_None && (!PyCallable_Check(submit) || !PyCallable_Check(head))) {
         PyErr_SetString(PyExc_TypeError, "set_dumper(dumper, submit, head)");
@@ -1922,7 +1935,9 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     Py_XSETREF(g_dumper, d == Py_None ? NULL : Py_NewRef(d));
     Py_XSETREF(g_dump_submit, d == Py_None ? NULL : Py_NewRef(submit));
     Py_XSETREF(g_dump_head, d == Py_None ? NULL : Py_NewRef(head));
+    if (g_tensor_memo) g_tensor_memo(0); /* (this thread's; others clear at their next arming) */
     g_tensor_mem = d == Py_None ? NULL : tf;
+    g_tensor_memo = d == Py_None || !tf ? NULL : tm;
     Py_RETURN_NONE;
 }
 
@@ -1970,7 +1985,10 @@ static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
  * recorder._describe). An out= input and uninitialised outputs are not dumped. A failure is
  * reported and leaves that record without a dump; -1 only for memory. */
 static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, int output) {
-    if (g_mode != 2 || !py_dump) return 0;
+    if (g_mode != 2 || !py_dump) {
+        memo_arm(0);
+        return 0;
+    }
     PyObject *o_op = NULL, *o_seq = NULL;
     int many = output && ds->n - from > 1, rc = 0;
     for (Py_ssize_t i = from; i < ds->n; i++) {
@@ -2029,6 +2047,7 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
     }
     Py_XDECREF(o_op);
     Py_XDECREF(o_seq);
+    memo_arm(0); /* the phase is dumped: its tensor reads are forgotten */
     return rc;
 }
 
@@ -2157,6 +2176,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     Descs ds;
     descs_init(&ds);
     int unknown = 0;
+    memo_arm(1); /* dump mode: the inputs' statistics keep their tensor reads for the dumps */
     for (Py_ssize_t i = skip; i < nargs && !unknown; i++) {
         PyObject *idx_obj = i - skip < 64 ? PyTuple_GET_ITEM(py_idx_strs, i - skip) : NULL;
         if (!idx_obj) {
@@ -2240,6 +2260,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
         rec.status = s_ok;
         /* outputs */
         if (stats_on()) g_cur_uninit = op_uninit(opi);
+        memo_arm(1); /* as for the inputs */
         int r = describe_np(&ds, result, s_output, s_idx0, seq);
         if (r < 0) goto fail_after;
         int python_outputs = 0;

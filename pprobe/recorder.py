@@ -1235,7 +1235,8 @@ def _dumper_in_core(dumper: Any) -> tuple:
         return (None,)
     # plain CPU tensors' memory, read in C as torch_values.dumpable reads it (from the first
     # tensor's statistics on: torch_values.native_cpu_stats sets the reader up)
-    return dumper, dumper.io.submit, dumps.head_of, dumper.io.m._C_TENSOR_MEM
+    m = dumper.io.m
+    return dumper, dumper.io.submit, dumps.head_of, m._C_TENSOR_MEM, m._C_TENSOR_MEMO
 
 
 def _native_dump(

@@ -65,6 +65,13 @@ for _ in range(3):
     torch.neg(y)                  # the same content again: stored once
 torch.neg(torch.ones(0, 3))       # no elements
 torch.ones((1,) * 9) + 1          # a deep output (9 dimensions): the Python side
+z = torch.zeros(4, 3)
+z.add_(x)                         # in place: the input's values before, the output's after
+w = torch.arange(6.0)
+w.resize_(2)                      # the same tensor, another shape after the call
+c = torch.randn(3, dtype=torch.complex64, generator=g)
+torch.add(c.conj(), 1)            # a conjugate view: not read in place for its dump
+torch.stack([x, y] * 9)           # 18 tensors in one call
 """
 
 
