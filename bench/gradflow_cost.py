@@ -46,13 +46,15 @@ NAMES = {
     "gradflow_sync": "GradientFlow f=1, on the training thread (async_cpu=False)",
     "gradflow_nothread": "GradientFlow f=1, no statistics thread (diagnosis)",
     "time_sys": "TimeTracking + SystemMonitor f=10",
+    # diagnosis: the same hooks never firing after step 0 (idle steps' checks, sampler thread)
+    "time_sys_idle": "TimeTracking + SystemMonitor, never firing (diagnosis)",
 }
 #: The issue's targets: GradientFlow at frequency 1 (10 %), and TimeTracking + SystemMonitor
 #: at frequency 10 (bench/hooks_cost.py's, which times them on the main thread)
 TARGETS = {"gradflow": 0.10, **HOOK_TARGETS}
 TARGET = 0.10  # the other GradientFlow variants
 #: Steps per block by variant (the rest: 100); see the module's doc
-BLOCKS = {"time_sys": 1000}
+BLOCKS = {"time_sys": 1000, "time_sys_idle": 1000}
 
 
 def _ci(ratios: list[float]) -> str:

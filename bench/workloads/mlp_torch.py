@@ -95,6 +95,10 @@ if _HOOKS:
         # (hooks_ab with ab_quads only): the statistics never run beside the training thread
         "gradflow_nothread": lambda: [_nothread(_bi.GradientFlowHook(frequency=1,
                                                                      async_cpu=True))],
+        # diagnosis: the same two hooks at a frequency they never fire at (after step 0):
+        # the idle steps' checks and the sampler thread, without the firing steps' work
+        "time_sys_idle": lambda: [_bi.TimeTrackingHook(frequency=10**9),
+                                  _bi.SystemMonitorHook(frequency=10**9, interval=1.0)],
         "time": lambda: [_bi.TimeTrackingHook(frequency=10)],  # diagnosis: one of the two
         "sys": lambda: [_bi.SystemMonitorHook(frequency=10, interval=1.0)],
         "noop": lambda: [_ph.BaseHook()],  # the hook machinery and the emits
