@@ -503,6 +503,9 @@ def test_the_native_core_fires_step_points_as_the_python_twins_do(
         pytest.skip("the Python engine: no native twins")
     reported: list[str] = []
     monkeypatch.setattr(_report, "internal_error", lambda where, exc, **kw: reported.append(where))
+    for name in _LC_STATE:  # lifecycle detection's state is put back after the test
+        monkeypatch.setattr(lifecycle, name, getattr(lifecycle, name))
+    monkeypatch.setattr(lifecycle, "_seen_optimizers", {})
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.25)
     py = (lifecycle._py_on_optimizer_pre, lifecycle._py_on_step_ending,
