@@ -328,6 +328,16 @@ static int append_entry(int dfd, unsigned gen, int kind, const char *name, const
 static int pack_entry_failed(const char *name);
 static void note_pack_failure(const char *name);
 
+/* One pack job appended by itself: an alias to an entry that failed before fails (ENOENT),
+ * as a hard link to a file never written does; a failed entry is noted. Its err is set. */
+static void append_job(int dfd, unsigned gen, Job *j) {
+    j->err = j->link ? (pack_entry_failed(j->link)
+                            ? ENOENT
+                            : append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link)))
+                     : append_entry(dfd, gen, 0, j->name, j->data, j->len);
+    if (j->err) note_pack_failure(j->name);
+}
+
 /* The pack jobs from j on (up to GROUP_MAX of them, not past PACK_MAX): their entries in one
  * writev. Each job's err is set; the first job after them is returned. An alias to an entry
  * that failed before fails (ENOENT). When the grouped write fails, the group's entries are
@@ -362,19 +372,12 @@ static Job *append_group(int dfd, unsigned gen, Job *j) {
         jobs[n++] = j;
     }
     if (!n) return j;
-    if (!pack_writev(iov, cnt, total)) {
+    if (!pack_writev(iov, cnt, total)) { /* (each job's err is still 0) */
         pack_size += total;
-        for (int k = 0; k < n; k++) jobs[k]->err = 0;
         return j;
     }
-    for (int k = 0; k < n; k++) { /* the group's write failed (and was cut off): one by one */
-        Job *g = jobs[k];
-        g->err = g->link ? (pack_entry_failed(g->link)
-                                ? ENOENT
-                                : append_entry(dfd, gen, 1, g->name, g->link, strlen(g->link)))
-                         : append_entry(dfd, gen, 0, g->name, g->data, g->len);
-        if (g->err) note_pack_failure(g->name);
-    }
+    /* the group's write failed (and was cut off): its entries one by one */
+    for (int k = 0; k < n; k++) append_job(dfd, gen, jobs[k]);
     return j;
 }
 

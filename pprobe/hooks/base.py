@@ -57,9 +57,7 @@ class BaseHook:
     # -- services -----------------------------------------------------------------------
     def get_service(self, name: str) -> Any:
         """The service ``name`` (model, optimizer, logger, experiment_dir, ...) or None."""
-        d = _dispatch or _services()
-        s = d._services  # (a service made on first use: dispatch's get_service makes it)
-        return s[name] if name in s else d.get_service(name)
+        return (_dispatch or _services()).get_service(name)
 
     def register_service(self, name: str, obj: Any) -> None:
         (_dispatch or _services()).register_service(name, obj)
