@@ -132,8 +132,6 @@ def test_zero_code_steps_build_a_context_only_where_a_hook_fires(
     built: list[str] = []
     log: list[Any] = []
     monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
-    # the native core's emits (_fire_before / _fire_after) take the model alone
-    monkeypatch.setattr(lifecycle, "_model", lambda: built.append("ctx"))
     monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
     monkeypatch.setattr(lifecycle, "open_step", None)
     monkeypatch.setattr(lifecycle, "steps_in_epoch", 0)
@@ -255,7 +253,6 @@ def test_idle_points_are_neither_called_nor_built_for(monkeypatch: pytest.Monkey
     built: list[str] = []
     log: list[Any] = []
     monkeypatch.setattr(lifecycle, "_ctx", lambda: built.append("ctx") or {})
-    monkeypatch.setattr(lifecycle, "_model", lambda: built.append("ctx"))
     monkeypatch.setattr(lifecycle, "_step_metrics", lambda: built.append("metrics") or {})
     monkeypatch.setattr(lifecycle, "open_step", None)
     monkeypatch.setattr(lifecycle, "started", True)

@@ -944,6 +944,8 @@ def _setting(name: str, default: Any) -> Any:
 def _activate() -> None:
     """First use: the step listener, the exit hook and the flusher thread."""
     global _active, _flusher
+    if _active and _flusher is not None:  # the common case: every later row
+        return
     if not _active:
         _active = True
         from .. import recorder

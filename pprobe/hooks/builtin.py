@@ -44,10 +44,9 @@ def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     """Rows into python.<table> (the extension API; exporters see them through its tap).
     The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
     table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
-    t = _tables if _tables is not None else _ext_tables()
+    t = _ext_tables()
     t.defer(table, [rows] if type(rows) is dict else rows)
-    if t._flusher is None or not t._active:  # (its first use, or no flusher yet)
-        t._activate()
+    t._activate()
 
 
 def record_columns(table: str, cols: dict[str, list[Any]]) -> None:
@@ -418,12 +417,9 @@ class SystemMonitorHook(BaseHook):
         self._record({"event": "epoch", "epoch": epoch})
 
     def _record(self, where: dict[str, Any]) -> None:
-        s = dict((self.sampler or self._start()).last)
-        gpus = s.pop("gpus", None)
-        if not gpus:  # one row (gpu NULL)
-            record("system_monitor", {"hook": self.name, **where, **s})
-        else:
-            record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
+        s = dict(self._start().last)
+        gpus = s.pop("gpus", None) or [{}]
+        record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self.cleanup()

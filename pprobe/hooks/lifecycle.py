@@ -363,47 +363,29 @@ def _py_on_optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         _report.internal_error("optimizer pre-step hook (lifecycle hooks)", exc)
 
 
-_NO_SERVICE = object()
-
-
-def _model() -> Any:
-    """The model service (:func:`_ctx`'s, without its dict)."""
-    m = dispatch._services.get("model", _NO_SERVICE)
-    return dispatch.get_service("model") if m is _NO_SERVICE else m
-
-
 def _fire_before(n: int) -> None:
     """The native core's ``lifecycle_pre`` found that step ``n`` of a known optimizer opens
     and that its ``before_step`` calls a hook, and did :func:`_open_step`'s bookkeeping: the
     emit, as :func:`_py_on_optimizer_pre` makes it there (pprobe's own work; what the hooks
     raise is reported, never raised into the optimizer's step)."""
     global opening
-    local = state.local
-    saved = local.depth
-    local.depth = state.INTERNAL
     try:
-        opening = n
-        try:
-            dispatch.emit("before_step", step=n, model=_model())
-        finally:
-            opening = None
+        with state.internal():
+            opening = n
+            try:
+                dispatch.emit("before_step", step=n, **_ctx())
+            finally:
+                opening = None
     except Exception as exc:  # noqa: BLE001
         _report.internal_error("optimizer pre-step hook (lifecycle hooks)", exc)
-    finally:
-        local.depth = saved
 
 
 def _fire_after(n: int) -> None:
     """The native core's ``lifecycle_ending`` closed the open step ``n``, whose
     ``after_step`` calls a hook: the emit, as :func:`_close_step` makes it from
     :func:`_py_on_step_ending` (what it raises goes to the recorder's listener loop)."""
-    local = state.local
-    saved = local.depth
-    local.depth = state.INTERNAL
-    try:
-        dispatch.emit("after_step", step=n, metrics=_step_metrics(), model=_model())
-    finally:
-        local.depth = saved
+    with state.internal():
+        dispatch.emit("after_step", step=n, metrics=_step_metrics(), **_ctx())
 
 
 def _fast_paths() -> tuple[Any, Any, Any]:
