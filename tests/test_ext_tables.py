@@ -339,6 +339,45 @@ def test_record_keeps_its_calls_values_and_step(monkeypatch: pytest.MonkeyPatch)
     assert tables._recorded == []
 
 
+def test_deferred_makers_make_their_rows_at_the_take_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """defer((make, args)): nothing is made on the caller's thread; at the take each maker
+    makes its rows with the standard columns of its own call, in the order deferred (a maker
+    that carries state sees them in order), between plain rows; one that raises is reported
+    and makes no rows, and the others are kept."""
+    from pprobe import _report, state
+
+    tables.clear_rows()
+    reported: list[str] = []
+    monkeypatch.setattr(_report, "internal_error", lambda where, exc, **kw: reported.append(where))
+    made: list[int] = []
+    total = {"n": 0}
+
+    def make(k: int) -> list[dict[str, Any]]:
+        made.append(k)
+        total["n"] += k  # state carried from row to row: the order matters
+        return [{"k": k, "running": total["n"]}]
+
+    def broken() -> list[dict[str, Any]]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(state, "step", 7)
+    tables.defer("t_made", (make, (1,)))
+    tables.defer("t_made", [{"k": 0}])
+    monkeypatch.setattr(state, "step", 8)
+    tables.defer("t_made", (broken, ()))
+    tables.defer("t_made", (make, (2,)))
+    tables.defer("t_made", (lambda: [], ()))  # no rows
+    assert made == [] and tables.pending.get("t_made") is None
+    tables._drain()
+    got = tables.pending.pop("t_made")
+    assert [(r["step"], r["k"], r.get("running")) for r in got] == [
+        (7, 1, 1), (7, 0, None), (8, 2, 3)]  # fmt: skip
+    assert reported == ["making the rows of python.t_made"]
+    assert tables._recorded == []
+
+
 def test_a_steps_samples_leave_the_collector_one_tracked_object(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -101,9 +101,15 @@ _SKIP = object()
 #: reach refers to them, so they are in no cycle): none is left.
 _raw: list[tuple[int, Any, int, tuple[Source, ...], tuple[Any, ...]]] = []
 #: Rows recorded on the program's thread (``pprobe.record``, the built-in hooks), not yet
-#: given their standard columns: (table, rows, step, rank, ts_ns). :func:`_take_recorded`
-#: makes them rows of ``pending`` (and hands them to the taps) off that thread.
-_recorded: list[tuple[str, list[dict[str, Any]], int, Any, int]] = []
+#: given their standard columns: (table, rows, step, rank, ts_ns); ``rows`` may also be a
+#: ``(make, args)`` pair whose rows ``make(*args)`` makes at the take (:func:`defer`).
+#: :func:`_take_recorded` makes them rows of ``pending`` (and hands them to the taps) off
+#: that thread.
+_recorded: list[tuple[str, Any, int, Any, int]] = []
+#: Held while :func:`_take_recorded` takes and makes rows: the entries are made and handed
+#: on in the order they were recorded, whichever thread takes them (the flusher, a flush on
+#: the program's thread), so a maker that carries state from row to row sees them in order.
+_take_lock = threading.RLock()
 #: The same for rows given column by column (:func:`_add_columns`): (table, columns, step,
 #: rank, ts_ns).
 _recorded_cols: list[tuple[str, dict[str, list[Any]], int, Any, int]] = []
@@ -209,10 +215,14 @@ def _cut(items: list[Any]) -> list[Any]:
     return batch
 
 
-def defer(table: str, rows: list[dict[str, Any]]) -> None:
+def defer(table: str, rows: Any) -> None:
     """Rows (dicts with str keys, under a valid name, not changed after this call) into
     python.table with the current step, rank and time: one append on the caller's thread.
-    They become rows of ``pending`` at the next :func:`_drain` or flush."""
+    They become rows of ``pending`` at the next :func:`_drain` or flush.
+
+    ``rows`` may be a ``(make, args)`` pair instead (pprobe's own code: the built-in
+    hooks): ``make(*args)`` returns the rows at that take, off the caller's thread, in the
+    order the entries were deferred. What it raises is reported, and it makes no rows."""
     _recorded.append((table, rows, state.step, state.rank, time.time_ns()))
 
 
@@ -231,8 +241,16 @@ def _stamped(items: list[Any]) -> list[tuple[str, Any, dict[str, Any]]]:
 def _take_recorded() -> None:
     """The deferred rows (:func:`defer`) with their standard columns, into ``pending`` and
     the taps, in the order they were recorded."""
-    for table, rows, std in _stamped(_recorded):
-        _add_rows(table, [{**std, **r} for r in rows])  # the user's column wins over pprobe's
+    with _take_lock:
+        for table, rows, std in _stamped(_recorded):
+            if type(rows) is tuple:  # (make, args): made now
+                try:
+                    rows = rows[0](*rows[1])
+                except Exception as e:  # noqa: BLE001 - the program goes on
+                    _report.internal_error(f"making the rows of python.{table}", e)
+                    continue
+            if rows:  # the user's column wins over pprobe's
+                _add_rows(table, [{**std, **r} for r in rows])
 
 
 def record_custom_data(data: Any, table: str = "custom_data") -> None:
