@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 10
+#define PPROBE_NATIVE_API 11
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -3000,7 +3000,7 @@ static PyObject *lc_one = NULL; /* 1 */
 static PyObject *s_quiet, *s_optimizer, *s_seen_opt, *s_pending, *s_open_step, *s_started,
     *s_steps_in_epoch, *s_claimed, *s_hooks, *s_services, *s_kinds, *s_manual_step,
     *s_step_name, *s_idle_points, *s_off, *s_frequency, *s_should_trigger, *s_before_step,
-    *s_after_step;
+    *s_after_step, *s_step_opened, *s_step_opened_ns;
 
 /* a global of one of the modules, borrowed; NULL (no exception) when absent */
 static inline PyObject *lc_get(PyObject *d, PyObject *name) {
@@ -3154,12 +3154,16 @@ static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         PyObject *k = lc_get(lc_g, s_steps_in_epoch);
         PyObject *k1 = k ? PyNumber_Add(k, lc_one) : NULL;
         PyObject *services = lc_get(dp_g, s_services);
-        int bad = !k1 || !services || !PyDict_Check(services) ||
+        PyObject *ns = PyLong_FromLongLong(now_ns()); /* dispatch.step_opened_ns */
+        int bad = !k1 || !ns || !services || !PyDict_Check(services) ||
                   lc_set(lc_g, s_open_step, pending) < 0 ||
                   lc_set(lc_g, s_pending, Py_None) < 0 ||
                   lc_set(lc_g, s_steps_in_epoch, k1) < 0 ||
-                  PyDict_SetItem(services, s_step_name, pending) < 0;
+                  PyDict_SetItem(services, s_step_name, pending) < 0 ||
+                  lc_set(dp_g, s_step_opened, pending) < 0 ||
+                  lc_set(dp_g, s_step_opened_ns, ns) < 0;
         Py_XDECREF(k1);
+        Py_XDECREF(ns);
         if (bad) {
             Py_DECREF(pending);
             goto python; /* memory: Python's path reports what fails there */
@@ -3272,6 +3276,8 @@ static PyObject *lifecycle_setup(PyObject *self, PyObject *args) {
     INTERN(s_should_trigger, "should_trigger");
     INTERN(s_before_step, "before_step");
     INTERN(s_after_step, "after_step");
+    INTERN(s_step_opened, "step_opened");
+    INTERN(s_step_opened_ns, "step_opened_ns");
 #undef INTERN
     if (!lc_one && !(lc_one = PyLong_FromLong(1))) return NULL;
     Py_XSETREF(lc_py_pre, Py_NewRef(pre));

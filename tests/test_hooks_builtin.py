@@ -420,8 +420,12 @@ def test_zero_code_from_pprobe_toml(tmp_path: Path) -> None:
     steps = [x for x in tt if x["event"] == "step"]
     assert [x["step"] for x in steps] == list(range(6))
     assert [x["epoch"] for x in tt if x["event"] == "epoch"] == [0, 1]
+    # each step timed from its opening (zero-code detection's stamp: TimeTracking has no
+    # before_step), which comes after the last row's time
+    assert all(x["duration_s"] > 0 for x in steps)
     for x in steps[1:]:  # batch size and total from the train_loader service
         assert x["samples_per_s"] == pytest.approx(4 / x["avg_step_s"])
+        assert x["duration_s"] < x["avg_step_s"]
     assert steps[-1]["eta_s"] == 0
     assert (run / "logs" / "time_tracking.log").read_text().count("\n") == len(tt)
     sm = sql(run, "SELECT step FROM python.system_monitor WHERE event = 'step' ORDER BY step")

@@ -475,8 +475,12 @@ def _zero_code_run(pre: Any, ending: Any, change: Any, seed: int, opt: Any, mode
             h.off = True
         ph.add(h)
     dispatch.register_service("model", model)
+    last_ns = dispatch.step_opened_ns
     for s in range(12):
         pre(opt, (opt,), {})
+        # the step that opened is stamped (TimeTracking's start), whether a hook fired or not
+        log.append(("opened", dispatch.step_opened, dispatch.step_opened_ns > last_ns))
+        last_ns = dispatch.step_opened_ns
         ending(s, s + 1)
         change(s, s + 1)
     end = {name: getattr(lifecycle, name) for name in _LC_STATE}

@@ -49,6 +49,16 @@ def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
     t._activate()
 
 
+def record_later(table: str, make: Any, *args: Any) -> None:
+    """Rows into python.<table> that ``make(*args)`` makes off the caller's thread, at the
+    tables' next take (the flush), in the order they were deferred, with the standard
+    columns of this call (step, rank, time): the caller's thread pays one append. ``args``
+    must hold what the rows need as it is now (it is read later)."""
+    t = _ext_tables()
+    t.defer(table, (make, args))
+    t._activate()
+
+
 def record_columns(table: str, cols: dict[str, list[Any]]) -> None:
     """Rows into python.<table> given column by column (lists of one length; as
     :func:`record`'s rows: the built-in hooks' own): no dict per row on the caller's thread,
@@ -123,7 +133,6 @@ class TimeTrackingHook(BaseHook):
         self.total_steps = total_steps
         self.total_epochs = total_epochs
         self._t_train: float | None = None
-        self._t_step: tuple[int, float] | None = None  # (step, its before_step time)
         self._last: tuple[int, float] | None = None  # (step, time) of the last after_step
         self._first: tuple[int, float] | None = None  # (step, time) of the first after_step
         self._t_epoch: dict[int, float] = {}
@@ -151,24 +160,33 @@ class TimeTrackingHook(BaseHook):
     def before_training(self, model: Any = None) -> None:
         self._t_train = time.perf_counter()
 
-    def before_step(self, step: int, model: Any = None) -> None:
-        self._t_step = (step, time.perf_counter())
-
+    # The points take their times and what the rows need now; the rows (and their log
+    # lines) are made off the training thread, at the tables' next flush, in order
+    # (record_later). No before_step of its own: a step's duration runs from its
+    # before_step point, which dispatch stamps whether or not a hook is called there
+    # (dispatch.step_opened), so the step this hook fires at makes no before_step call.
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
-        now = time.perf_counter()
+        now_ns = time.perf_counter_ns()
         if self._t_train is None:
-            self._t_train = now
-        duration = None
-        if self._t_step is not None and self._t_step[0] == step:
-            duration = now - self._t_step[1]
+            self._t_train = now_ns / 1e9  # time.perf_counter()'s clock
+        opened = dispatch.step_opened_ns if dispatch.step_opened == step else None
+        loader = None if self.batch_size and self.total_steps else dispatch.get_service(
+            "train_loader")  # fmt: skip
+        record_later("time_tracking", self._step_rows, step, now_ns, opened,
+                     dispatch.get_service("epoch"), loader)  # fmt: skip
+
+    def _step_rows(self, step: int, now_ns: int, opened: int | None, epoch: Any,
+                   loader: Any) -> list[dict[str, Any]]:  # fmt: skip
+        now = now_ns / 1e9
+        duration = None if opened is None else (now_ns - opened) / 1e9
         avg = None  # the mean step time since the last row (covers untimed steps)
         if self._last is not None and step > self._last[0]:
             avg = (now - self._last[1]) / (step - self._last[0])
         per_step = avg if avg is not None else duration
-        loader = None if self.batch_size and self.total_steps else self.get_service("train_loader")
+        t_train = self._t_train if self._t_train is not None else now
         row: dict[str, Any] = {"hook": self.name, "event": "step", "step": step,
-                               "epoch": self.get_service("epoch"), "duration_s": duration,
-                               "avg_step_s": avg, "elapsed_s": now - self._t_train,
+                               "epoch": epoch, "duration_s": duration,
+                               "avg_step_s": avg, "elapsed_s": now - t_train,
                                "steps_per_s": None, "samples_per_s": None,
                                "eta_s": None}  # fmt: skip
         if per_step:
@@ -183,7 +201,7 @@ class TimeTrackingHook(BaseHook):
         if self._first is None:
             self._first = (step, now)
         self._last = (step, now)
-        self._emit(row)
+        return self._logged(row)
 
     def before_epoch(self, epoch: int, model: Any = None) -> None:
         self._t_epoch[epoch] = time.perf_counter()
@@ -197,24 +215,29 @@ class TimeTrackingHook(BaseHook):
                                else now - self._t_train}  # fmt: skip
         if self.total_epochs and t0 is not None and self._t_train is not None:
             row["eta_s"] = max(0, int(self.total_epochs) - epoch - 1) * (now - t0)
-        self._emit(row)
+        record_later("time_tracking", self._logged, row)
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         if self._t_train is not None:
             now = time.perf_counter()
-            self._emit({"hook": self.name, "event": "training", "duration_s": now - self._t_train,
-                        "elapsed_s": now - self._t_train})  # fmt: skip
+            record_later("time_tracking", self._logged,
+                         {"hook": self.name, "event": "training",
+                          "duration_s": now - self._t_train,
+                          "elapsed_s": now - self._t_train})  # fmt: skip
         self.cleanup()
 
     def cleanup(self) -> None:
+        # the rows still deferred first (their log lines go to the file this closes)
+        _ext_tables()._take_recorded()
         f, self._file = self._file, None
         if f is not None:
             f.close()
 
-    def _emit(self, row: dict[str, Any]) -> None:
-        record("time_tracking", row)
+    def _logged(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """``row`` as the rows a maker returns, its line written to the log file first."""
         if self.log_to_file:
             self._log_line(row)
+        return [row]
 
     def _log_line(self, row: dict[str, Any]) -> None:
         if self._file is None:
@@ -271,6 +294,10 @@ class _Sampler:
     def __init__(self, hook: SystemMonitorHook) -> None:
         self.hook = hook
         self.last: dict[str, Any] = {}
+        #: the last sample as the rows' columns after ``hook``, ``event`` and ``step`` /
+        #: ``epoch``: one dict per GPU (one without GPU columns on a machine without one),
+        #: made here on the sampling thread, so a step that records them copies one dict
+        self.rows: list[dict[str, Any]] = [{}]
         self.samples = 0
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="pprobe-sysmon", daemon=True)
@@ -345,6 +372,8 @@ class _Sampler:
                 s["sys_mem_percent"] = 100.0 * s["sys_mem_used_bytes"] / s["sys_mem_total_bytes"]
         if h.track_gpu or h.track_gpu_memory:
             s["gpus"] = self._gpus()
+        common = {k: v for k, v in s.items() if k != "gpus"}
+        self.rows = [{**common, **g} for g in s.get("gpus") or [{}]]
         self.last = s
         self.samples += 1
 
@@ -410,16 +439,18 @@ class SystemMonitorHook(BaseHook):
     def before_training(self, model: Any = None) -> None:
         self._start()
 
+    # The rows are made off the training thread at the tables' next flush (record_later)
+    # from the sample that is the last one now (the sampler replaces it, never changes it).
     def after_step(self, step: int, model: Any = None, metrics: Any = None) -> None:
-        self._record({"event": "step", "step": step})
+        record_later("system_monitor", self._rows, "step", step,
+                     (self.sampler or self._start()).rows)  # fmt: skip
 
     def after_epoch(self, epoch: int, model: Any = None, metrics: Any = None) -> None:
-        self._record({"event": "epoch", "epoch": epoch})
+        record_later("system_monitor", self._rows, "epoch", epoch, self._start().rows)
 
-    def _record(self, where: dict[str, Any]) -> None:
-        s = dict(self._start().last)
-        gpus = s.pop("gpus", None) or [{}]
-        record("system_monitor", [{"hook": self.name, **where, **s, **g} for g in gpus])
+    def _rows(self, event: str, at: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        name = self.name
+        return [{"hook": name, "event": event, event: at, **r} for r in rows]
 
     def after_training(self, model: Any = None, metrics: Any = None) -> None:
         self.cleanup()

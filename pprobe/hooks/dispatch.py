@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 from typing import Any
 
 from .. import state
@@ -42,6 +43,12 @@ _lazy: dict[str, Any] = {}
 #: cleanup ran: :func:`shutdown` closes what is open, and cleanup runs once per process.
 _training = False
 _cleaned = False
+#: The step whose ``before_step`` point came last, and when (``time.perf_counter_ns()``):
+#: stamped at every step that opens, whether or not a hook is called there (zero-code
+#: detection: lifecycle's ``_open_step`` and its native twin; an emitter's own points:
+#: :func:`emit`). TimeTracking times a step from it, so it needs no ``before_step`` of its own.
+step_opened: Any = None
+step_opened_ns = 0
 
 
 def hooks() -> list[Any]:
@@ -187,11 +194,13 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
     """
     if point not in _POINT_SET:
         raise ValueError(f"unknown hook point {point!r}; allowed: {', '.join(POINTS)}")
-    global _training, _cleaned
+    global _training, _cleaned, step_opened, step_opened_ns
     if _claimed is not None and source != _claimed:
         return
     key = _COUNTED.get(point)
-    if key is None:
+    if point == "before_step":
+        step_opened, step_opened_ns = ctx.get("step"), time.perf_counter_ns()
+    elif key is None:
         if point == "before_training":
             _training = True
         elif point == "after_training":
@@ -273,7 +282,7 @@ def _failed(hook: Any, point: str, exc: BaseException) -> None:
 
 def _reset() -> None:
     """Forget every hook, service and claim (tests)."""
-    global _claimed, _training, _cleaned
+    global _claimed, _training, _cleaned, step_opened, step_opened_ns
     with _lock:
         _hooks.clear()
     _services.clear()
@@ -282,3 +291,4 @@ def _reset() -> None:
     _kinds.clear()
     _claimed = None
     _training = _cleaned = False
+    step_opened, step_opened_ns = None, 0

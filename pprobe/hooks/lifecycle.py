@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -205,6 +206,7 @@ def _open_step(n: int, unheard: bool = False) -> None:
     open_step, pending = n, None
     steps_in_epoch += 1
     dispatch.register_service("step", n)
+    dispatch.step_opened, dispatch.step_opened_ns = n, time.perf_counter_ns()
     if not unheard and _heard() and not dispatch.calls_none("before_step", n):
         opening = n
         try:
