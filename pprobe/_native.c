@@ -3039,6 +3039,15 @@ static int lc_calls_none(PyObject *point, PyObject *at) {
             if (!d) goto next;
             if (!PyDict_Check(d)) Py_CLEAR(d);
         }
+        /* in the twin's order: no method for the point, off, idle there (each: continue) */
+        int in_own = PySet_Contains(own, point);
+        if (in_own < 0) goto next;
+        int in_d = d && !in_own ? PyDict_Contains(d, point) : 0;
+        if (in_d < 0) goto next;
+        if (!in_own && !in_d) {
+            r = 2; /* continue */
+            goto next;
+        }
         PyObject *idle = d ? PyDict_GetItemWithError(d, s_idle_points) : NULL;
         if (!idle && PyErr_Occurred()) goto next;
         PyObject *off = PyObject_GetAttr(hook, s_off);
@@ -3052,14 +3061,6 @@ static int lc_calls_none(PyObject *point, PyObject *at) {
             if (is_off < 0) goto next;
         }
         if (is_off) {
-            r = 2; /* continue */
-            goto next;
-        }
-        int in_own = PySet_Contains(own, point);
-        if (in_own < 0) goto next;
-        int in_d = d ? PyDict_Contains(d, point) : 0;
-        if (in_d < 0) goto next;
-        if (!in_own && !in_d) {
             r = 2;
             goto next;
         }

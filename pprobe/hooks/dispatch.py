@@ -163,7 +163,7 @@ def py_calls_none(point: str, at: int) -> bool:
         own, plain = _kinds.get(type(hook)) or _kind(type(hook))
         d = getattr(hook, "__dict__", _NO_DICT)
         idle = d.get("idle_points")
-        if (getattr(hook, "off", False) or (point not in own and point not in d)
+        if ((point not in own and point not in d) or getattr(hook, "off", False)
                 or (idle and point in idle)):  # fmt: skip
             continue
         if not plain or "should_trigger" in d:
@@ -218,7 +218,7 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
         own, plain = _kinds.get(type(hook)) or _kind(type(hook))
         d = getattr(hook, "__dict__", _NO_DICT)
         idle = d.get("idle_points")
-        if (getattr(hook, "off", False) or (point not in own and point not in d)
+        if ((point not in own and point not in d) or getattr(hook, "off", False)
                 or (idle and point in idle)):  # fmt: skip
             continue
         if at is not None:
@@ -234,7 +234,9 @@ def emit(point: str, source: str | None = None, **ctx: Any) -> None:
         names: Any = _params.get((type(hook), point), _UNSEEN)
         if names is _UNSEEN:
             names = _accepted(hook, point)
-        kw = ctx if names is None else {k: v for k, v in ctx.items() if k in names}
+        # the context as it is when the method takes every name in it (no copy)
+        kw = ctx if names is None or names.issuperset(ctx) else {
+            k: v for k, v in ctx.items() if k in names}  # fmt: skip
         saved = local.depth
         local.depth = state.INTERNAL  # the hook's own NumPy/torch calls are not recorded
         try:
