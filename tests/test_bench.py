@@ -89,3 +89,33 @@ def test_mlp_torch_section_reports_msprobe_unavailable(
     assert not any("msprobe" in t for t in judged)  # peers are context, not targets
     what = "log mode (native engine): torch MLP overhead vs torch.profiler(record_shapes)"
     assert judged[what]["status"] == "met"  # +50% vs the profiler's +200%
+
+
+ANNOTATED = """\
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+1,286,523 (100.0%)  PROGRAM TOTALS
+
+  878,421 (68.28%)  *  pprobe/_native.c:lc_ending [/x/pprobe/_native.so]
+  520,187 (40.43%)  >   /b/Objects/call.c:PyObject_CallOneArg (10x) [/l/libpython3.11.so.1.0]
+  253,132 (19.68%)  >   pprobe/_native.c:lc_calls_none_or_py (100x) [/x/pprobe/_native.so]
+
+   12,000 ( 0.93%)  *  /b/Objects/call.c:PyObject_CallOneArg [/l/libpython3.11.so.1.0]
+      900 ( 0.07%)  >   /b/Objects/call.c:_Py_CheckFunctionResult (3x) [/l/libpython3.11.so.1.0]
+
+  400,583 (31.14%)  *  pprobe/_native.c:lc_pre [/x/pprobe/_native.so]
+  112,738 ( 8.76%)  >   /b/Objects/dictobject.c:PyDict_SetItem (600x) [/l/libpython3.11.so.1.0]
+"""
+
+
+def test_hooks_instr_reads_callgrinds_calling_tree() -> None:
+    """bench/hooks_instr.py's counts: each function's inclusive instructions and its own
+    calls to Python (not another function's), from callgrind_annotate's calling tree."""
+    from bench import hooks_instr
+
+    assert hooks_instr.parse(ANNOTATED) == {
+        "lc_pre": (400583, 0, 0),
+        "lc_ending": (878421, 10, 520187),
+    }
+    assert hooks_instr.parse("") == {"lc_pre": (0, 0, 0), "lc_ending": (0, 0, 0)}
