@@ -293,10 +293,9 @@ class _Sampler:
 
     def __init__(self, hook: SystemMonitorHook) -> None:
         self.hook = hook
-        self.last: dict[str, Any] = {}
         #: the last sample as the rows' columns after ``hook``, ``event`` and ``step`` /
         #: ``epoch``: one dict per GPU (one without GPU columns on a machine without one),
-        #: made here on the sampling thread, so a step that records them copies one dict
+        #: made here on the sampling thread; replaced by the next sample, never changed
         self.rows: list[dict[str, Any]] = [{}]
         self.samples = 0
         self.stopping = threading.Event()
@@ -372,9 +371,8 @@ class _Sampler:
                 s["sys_mem_percent"] = 100.0 * s["sys_mem_used_bytes"] / s["sys_mem_total_bytes"]
         if h.track_gpu or h.track_gpu_memory:
             s["gpus"] = self._gpus()
-        common = {k: v for k, v in s.items() if k != "gpus"}
-        self.rows = [{**common, **g} for g in s.get("gpus") or [{}]]
-        self.last = s
+        gpus = s.pop("gpus", None) or [{}]
+        self.rows = [{**s, **g} for g in gpus]
         self.samples += 1
 
     def _gpus(self) -> list[dict[str, Any]]:
