@@ -40,10 +40,11 @@ def _ext_tables() -> Any:
     return _tables
 
 
-def record(table: str, rows: dict[str, Any] | list[dict[str, Any]]) -> None:
+def record(table: str, rows: Any) -> None:
     """Rows into python.<table> (the extension API; exporters see them through its tap).
     The built-in hooks' own rows (a dict or a list of dicts with str keys, under a valid
-    table name): the checks ``pprobe.record`` makes of a user's rows are skipped."""
+    table name, or a ``(make, args)`` maker: :func:`record_later`): the checks
+    ``pprobe.record`` makes of a user's rows are skipped."""
     t = _ext_tables()
     t.defer(table, [rows] if type(rows) is dict else rows)
     t._activate()
@@ -54,9 +55,7 @@ def record_later(table: str, make: Any, *args: Any) -> None:
     tables' next take (the flush), in the order they were deferred, with the standard
     columns of this call (step, rank, time): the caller's thread pays one append. ``args``
     must hold what the rows need as it is now (it is read later)."""
-    t = _ext_tables()
-    t.defer(table, (make, args))
-    t._activate()
+    record(table, (make, args))
 
 
 def record_columns(table: str, cols: dict[str, list[Any]]) -> None:
