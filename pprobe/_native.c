@@ -73,6 +73,15 @@ typedef struct {
     PyObject *descr;
     int flags;
 } NpyArrayFields;
+#define NPY_C_CONTIGUOUS 0x0001
+#define NPY_F_CONTIGUOUS 0x0002
+
+/* Whether a dump holds the array's memory as it is, in Fortran order (the header says so, as
+ * np.save's does): an array of 2 dimensions or more that is Fortran- but not C-contiguous (a
+ * transpose); pprobe.dumps.fortran_order's twin */
+static inline int npy_fortran(const NpyArrayFields *a) {
+    return a->nd > 1 && !(a->flags & NPY_C_CONTIGUOUS) && (a->flags & NPY_F_CONTIGUOUS);
+}
 
 /* ------------------------------------------------------------------ global state */
 static int g_active = 0, g_nested = 0, g_parents = 0, g_mode = 0, g_slow = 0;
@@ -1593,8 +1602,10 @@ static int op_uninit(Py_ssize_t opi) {
 
 /* Dump mode: the .npy header of a plain ndarray (not a subclass) of a builtin numeric dtype
  * (bool, integers, floats, complex), byte for byte what pprobe.dumps.npy_header makes for it
- * (version 1.0, C order, padded so that the data starts at a multiple of 64); None where
- * Python makes it (other dtypes, deep shapes, subclasses, NumPy scalars). g_npy_heads: builtin descr -> a = the bytes of
+ * (version 1.0, C order or, for an array dumped as its memory in Fortran order
+ * (npy_fortran), Fortran order, padded so that the data starts at a multiple of 64); None
+ * where Python makes it (other dtypes, deep shapes, subclasses, NumPy scalars).
+ * g_npy_heads: (builtin descr, Fortran order) -> a = the bytes of
  * "{'descr': '<f8', 'fortran_order': False, 'shape': (" or Py_None for a dtype left to
  * Python; values held for the process, keys not (builtin descriptors are static). */
 static Map2 g_npy_heads;
@@ -1616,10 +1627,11 @@ static int put_dec(char *p, long long v) {
 
 static PyObject *npy_header_dims(PyObject *head, int nd, const Py_ssize_t *dims);
 
-/* the start of a header's text for NumPy's type string `typestr` (a str): bytes */
-static PyObject *npy_head_text(PyObject *typestr) {
-    PyObject *t = PyUnicode_FromFormat("{'descr': %R, 'fortran_order': False, 'shape': (",
-                                       typestr);
+/* the start of a header's text for NumPy's type string `typestr` (a str), C- or
+ * Fortran-ordered: bytes */
+static PyObject *npy_head_text(PyObject *typestr, int fortran) {
+    PyObject *t = PyUnicode_FromFormat("{'descr': %R, 'fortran_order': %s, 'shape': (",
+                                       typestr, fortran ? "True" : "False");
     PyObject *head = t ? PyUnicode_AsLatin1String(t) : NULL;
     Py_XDECREF(t);
     return head;
@@ -1629,7 +1641,8 @@ static PyObject *npy_header_of(PyObject *x) {
     if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
     NpyArrayFields *a = (NpyArrayFields *)x;
     if (a->nd > MAX_INLINE_DIMS) Py_RETURN_NONE;
-    Slot2 *s = map2_find(&g_npy_heads, a->descr, 0);
+    int fortran = npy_fortran(a);
+    Slot2 *s = map2_find(&g_npy_heads, a->descr, fortran);
     if (!s && (descr_sid(a->descr) == -2 || !map2_find(&g_descrs, a->descr, 0))) {
         PyErr_Clear(); /* not a builtin descriptor (only those are in g_descrs) */
         Py_RETURN_NONE;
@@ -1640,14 +1653,14 @@ static PyObject *npy_header_of(PyObject *x) {
         PyObject *str = kind ? PyObject_GetAttrString(a->descr, "str") : NULL;
         if (str && PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind) == 1 &&
             strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0)))
-            head = npy_head_text(str);
+            head = npy_head_text(str, fortran);
         Py_XDECREF(kind);
         Py_XDECREF(str);
         if (!head) {
             PyErr_Clear();
             head = Py_NewRef(Py_None);
         }
-        s = map2_put(&g_npy_heads, a->descr, 0);
+        s = map2_put(&g_npy_heads, a->descr, fortran);
         if (!s) {
             Py_DECREF(head);
             PyErr_Clear();
@@ -1695,8 +1708,9 @@ static PyObject *npy_header_dims(PyObject *head, int nd, const Py_ssize_t *dims)
 static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(x); }
 
 /* Dump mode: the common dump made here, the twin of Dumper._dump (pprobe/dumps.py) for a
- * C-contiguous plain ndarray of a numeric dtype (its header made by npy_header_of), or for a
- * plain CPU tensor's memory (a memoryview and its header: tensor_dump_mem), when the
+ * C-contiguous plain ndarray of a numeric dtype (its header made by npy_header_of), or a
+ * Fortran-ordered one (npy_fortran: its memory, as the header says), or for a plain CPU
+ * tensor's memory (a memoryview and its header: tensor_dump_mem), when the
  * dumper keeps no ring, writes npy through the native queue and waits when it is full
  * (recorder hands it over only then: set_dumper). The name (a cached op_{op}_{which}_ head,
  * then {pid}-{seq}.npy), the content's key (the dumper's c_digest of the memory, 64 bytes
@@ -1724,7 +1738,6 @@ static PyObject *str_lock, *str_seen, *str_n, *str_exhausted, *str_disk_full, *s
     *str_op_name;
 /* (op index + 1, kind << 40 | idx) -> a = the name's head (str, owned) */
 static Map2 g_dump_heads;
-#define NPY_C_CONTIGUOUS 0x0001
 #define DUMP_SEEN_MAX (1 << 16)
 
 static PyObject *dump_head(Py_ssize_t opi, int kind, Py_ssize_t idx) {
@@ -1778,7 +1791,12 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
     PyObject *d = g_dumper;
     if (!d || header == Py_None) return NULL;
     /* an ndarray (npy_header_of), or a memoryview of a CPU tensor's C-ordered elements */
-    if (!PyMemoryView_Check(x) && !(((NpyArrayFields *)x)->flags & NPY_C_CONTIGUOUS)) return NULL;
+    int fortran = 0;
+    if (!PyMemoryView_Check(x) && !(((NpyArrayFields *)x)->flags & NPY_C_CONTIGUOUS)) {
+        if (!npy_fortran((NpyArrayFields *)x)) return NULL;
+        fortran = 1; /* its memory as it is, under npy_header_of's Fortran-order header */
+    }
+    PyObject *flat = NULL; /* a Fortran-ordered array's memory as bytes */
     PyObject *lock = NULL, *seen = NULL, *nobj = NULL, *dg = NULL, *digest = NULL, *key = NULL;
     PyObject *name = NULL, *nb = NULL, *pk = NULL, *res = NULL, *out = NULL;
     Py_buffer nbuf = {0};
@@ -1807,6 +1825,12 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
     if (!(nb = PyObject_GetAttr(x, str_nbytes))) goto python;
     long long nbytes = PyLong_AsLongLong(nb);
     if (nbytes < 0) goto python;
+    if (fortran) { /* the digest and the queue read it as bytes (Python: its transpose's) */
+        flat = PyMemoryView_FromMemory(((NpyArrayFields *)x)->data, (Py_ssize_t)nbytes,
+                                       PyBUF_READ);
+        if (!flat) goto python;
+        x = flat;
+    }
     if (nbytes >= 64) {
         digest = PyObject_CallOneArg(dg, x);
         if (!digest) PyErr_Clear(); /* no buffer: not deduplicated, as Python's digest */
@@ -1881,6 +1905,7 @@ python: /* nothing was changed: the Python dumper takes this array */
 fail: /* after the dump's bytes were taken from the budget: reported, no dump in the row */
     *done = -1;
 end:
+    Py_XDECREF(flat);
     Py_XDECREF(lock);
     Py_XDECREF(seen);
     Py_XDECREF(nobj);
@@ -1955,7 +1980,7 @@ static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
         return NULL;
     Slot2 *s = map2_find(&g_tensor_heads, typestr, 0);
     if (!s) {
-        PyObject *head = npy_head_text(typestr);
+        PyObject *head = npy_head_text(typestr, 0);
         if (!head || !(s = map2_put(&g_tensor_heads, typestr, 0))) {
             Py_XDECREF(head);
             PyErr_Clear();

@@ -123,11 +123,13 @@ def file_name(op: str, which: str, prefix: str, codec: str = "npy") -> str:
 _MAGIC = b"\x93NUMPY"
 
 
-def npy_header(dtype: Any, shape: tuple) -> bytes:
-    """The .npy header np.save writes for a C-ordered array of ``dtype`` and ``shape``."""
+def npy_header(dtype: Any, shape: tuple, fortran: bool = False) -> bytes:
+    """The .npy header np.save writes for an array of ``dtype`` and ``shape``, C-ordered, or
+    with ``fortran`` Fortran-ordered (its memory as it is: see :func:`fortran_order`)."""
     from numpy.lib import format as npformat
 
-    d = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    d = {"descr": npformat.dtype_to_descr(dtype), "fortran_order": bool(fortran),
+         "shape": shape}  # fmt: skip
     text = "{" + "".join(f"{k!r}: {d[k]!r}, " for k in sorted(d)) + "}"
     # The header is padded so that the data starts at a multiple of 64 bytes, plus a newline.
     for version, fmt_len in (((1, 0), 2), ((2, 0), 4)):
@@ -143,6 +145,15 @@ def npy_header(dtype: Any, shape: tuple) -> bytes:
         head = _MAGIC + bytes(version)
         return head + len(raw).to_bytes(fmt_len, "little") + raw
     raise ValueError("header too large")  # pragma: no cover - 4 GiB headers
+
+
+def fortran_order(a: Any) -> bool:
+    """Whether ``a`` is dumped in Fortran order: its memory written as it is, with
+    ``'fortran_order': True`` in the header, as np.save writes such an array (a transpose
+    ``x.T``, a BLAS result), instead of gathered into C order element by element. An array
+    that is both (1-D, a single row) is C-ordered."""
+    f = a.flags
+    return a.ndim > 1 and not f.c_contiguous and f.f_contiguous
 
 
 # ---------------------------------------------------------------------- the writers
@@ -474,12 +485,10 @@ def _content_hash(io: Any) -> tuple[Any, str, Any]:
     Python twin). Digests are only compared within the process (never stored), so which one
     ran changes nothing on disk.
 
-    The digest is of the array's memory, and a dump holds its values in C order. A Fortran-
-    ordered array's memory is its transpose's C-order bytes: a square ``b.T`` has the same
-    bytes, dtype and shape as ``b`` but other values. Its digest is therefore tagged, so it
-    only ever matches another Fortran-ordered array's (same bytes, same shape: same values).
-    None: no contiguous buffer (a strided view, an odd dtype): that dump is not
-    deduplicated."""
+    The digest is of a C-contiguous array's memory: :meth:`Dumper._dump` hands a Fortran-
+    ordered array over as its transpose, whose header (``'fortran_order': True``, part of the
+    key with the digest) tells it from a C-ordered array of the same bytes. None: no
+    C-contiguous buffer (a strided view, an odd dtype): that dump is not deduplicated."""
     try:
         from xxhash import xxh3_128_digest as raw
     except Exception:  # not installed (a checkout's bootstrap without pip install)
@@ -489,12 +498,8 @@ def _content_hash(io: Any) -> tuple[Any, str, Any]:
 
     def digest(a: Any) -> bytes | None:
         try:
-            flags = a.flags
-            if flags.c_contiguous:
+            if a.flags.c_contiguous:
                 return raw(a)  # type: ignore[no-any-return]
-            if flags.f_contiguous:
-                d = raw(a.T)
-                return None if d is None else b"F" + d
         except (TypeError, ValueError, BufferError, AttributeError):
             pass
         return None
@@ -663,10 +668,11 @@ class Dumper:
             from .interceptors.numpy_arrays import dtype_name  # numpy is imported by now
 
             _dtype_name = dtype_name
-        key = (_dtype_name(a.dtype), repr(a.shape))
+        fortran = fortran_order(a)
+        key = (_dtype_name(a.dtype), repr(a.shape), fortran)
         h = self._headers.get(key)
         if h is None:
-            h = npy_header(a.dtype, a.shape)
+            h = npy_header(a.dtype, a.shape, fortran)
             if len(self._headers) < 4096:
                 self._headers[key] = h
         return h
@@ -683,8 +689,8 @@ class Dumper:
     ) -> tuple[str | None, str | None]:
         """Queue ``arr`` (a NumPy array) for writing; return (file name, note). ``step``: the
         step of the call (default the current one; a deferred device dump passes its own).
-        ``header``: ``npy_header(arr.dtype, arr.shape)`` where the caller has it (the native
-        core makes it for the builtin numeric dtypes)."""
+        ``header``: ``npy_header(arr.dtype, arr.shape, fortran_order(arr))`` where the
+        caller has it (the native core makes it for the builtin numeric dtypes)."""
         if self.exhausted and (self.ring is None or not self.ring.holding):
             return None, "not dumped: dump budget exhausted"
         if self.disk_full:
@@ -707,6 +713,8 @@ class Dumper:
             header = self._header(a)
             if a.dtype.kind in "mM":  # datetimes have no buffer format: their int64 bits
                 a = a.view("i8")
+        if fortran_order(a):  # its memory as it is: C-ordered bytes of its transpose
+            a = a.T
         if self.digest is None:
             self.digest, self.content_hash, self.c_digest = _content_hash(self.io)
         nbytes = a.nbytes

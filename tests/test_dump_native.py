@@ -206,6 +206,14 @@ def test_the_cores_npy_headers_are_pythons(tmp_path: Path) -> None:
                 else:
                     assert h == dumps.npy_header(a.dtype, a.shape), (dt, shape, h)
                     made += 1
+        for dt in "?bHifdFD":  # Fortran-ordered arrays: their memory, np.save's header
+            for a in (np.asfortranarray(np.zeros((3, 4), dt)), np.zeros((2, 3, 4), dt).T,
+                      np.zeros((4, 1), dt).T, np.zeros((5, 6), dt)[:, ::2]):
+                h = _native.npy_header(a)
+                assert h == dumps.npy_header(a.dtype, a.shape, dumps.fortran_order(a)), h
+                assert (b"'fortran_order': True" in h) == (a.ndim > 1 and a.flags.f_contiguous
+                                                           and not a.flags.c_contiguous), h
+                made += 1
         assert _native.npy_header(np.float64(2.0)) is None
         assert _native.npy_header(np.ma.masked_array([1.0])) is None  # subclasses: Python's
         assert _native.npy_header([1.0]) is None
@@ -213,16 +221,17 @@ def test_the_cores_npy_headers_are_pythons(tmp_path: Path) -> None:
         """,
         env={"PPROBE_CORE": "native", "PPROBE_MODE": "log"},
     ).check()
-    assert r.out.strip().splitlines()[-1] == "126"
+    assert r.out.strip().splitlines()[-1] == "158"
 
 
 @pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
 def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_path: Path) -> None:
-    """A C-contiguous plain ndarray of a numeric dtype is dumped by the core (the twin of
-    Dumper._dump, with the dumper's own lock, seen contents and budget counters); the first
-    dump of the process (the content hash is chosen there), a Fortran-ordered or strided
-    array, a subclass and a dump that needs a new budget chunk go to recorder._native_dump.
-    Names, dedup and the budget's accounting are the same either way."""
+    """A C-contiguous or Fortran-ordered plain ndarray of a numeric dtype is dumped by the
+    core (the twin of Dumper._dump, with the dumper's own lock, seen contents and budget
+    counters; a Fortran-ordered one as its memory, under np.save's Fortran-order header); the
+    first dump of the process (the content hash is chosen there), a strided array, a subclass
+    and a dump that needs a new budget chunk go to recorder._native_dump. Names, dedup and
+    the budget's accounting are the same either way."""
     r = run_script(
         tmp_path,
         """
@@ -244,7 +253,7 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
         n0 = len(calls)
         b = a + 1                            # plain: the core
         c = a + 1                            # the same content: an alias, made by the core
-        np.negative(a.T)                     # a Fortran-ordered input: Python
+        np.negative(a.T)                     # a Fortran-ordered input: the core
         np.negative(a[:, ::2])               # strided: Python
         np.negative(np.ma.masked_array(a))   # a subclass: Python
         big = np.ones(300_000)               # 2.4 MB: past the chunk held (1 MiB+): Python
@@ -258,10 +267,9 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
 
     out = json.loads(r.out.strip().splitlines()[-1])
     assert out["n0"] == 1
-    # a + 1, a + 1: none; a.T in and its output (NumPy keeps the Fortran order); a[:, ::2]
+    # a + 1, a + 1, a.T in and its output (NumPy keeps the Fortran order): none; a[:, ::2]
     # (its output is C-ordered: the core); the masked array in and out; np.ones' output
-    assert out["calls"] == ["ndarrayF", "ndarrayF", "ndarray", "MaskedArray", "MaskedArray",
-                            "ndarray"], out  # fmt: skip
+    assert out["calls"] == ["ndarray", "MaskedArray", "MaskedArray", "ndarray"], out
     assert out["linked"] >= 2  # c's inputs and output repeat b's
     assert 0 < out["used"] <= out["held"]
     rows = ops(r.run_dir)
@@ -274,6 +282,13 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
         assert out_t["dump_path"] == f"op_numpy.ndarray.__add___output_{pid}-{o['seq']}.npy"
         np.testing.assert_array_equal(load_dump(r.run_dir / out_t["dump_path"]),
                                       np.arange(12.0).reshape(3, 4) + 1)  # fmt: skip
+    (neg,) = [o for o in rows if o["op"] == "numpy.negative"][:1]
+    got = {t["role"]: load_dump(r.run_dir / t["dump_path"])
+           for t in tensors(r.run_dir, f"seq = {neg['seq']}")}  # fmt: skip
+    a_t = np.arange(12.0).reshape(3, 4).T
+    for role, want in (("input", a_t), ("output", -a_t)):
+        assert got[role].flags.f_contiguous and not got[role].flags.c_contiguous, role
+        np.testing.assert_array_equal(got[role], want)
     assert not meta(r.run_dir)["errors"], r.err
 
 
