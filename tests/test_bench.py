@@ -119,3 +119,28 @@ def test_hooks_instr_reads_callgrinds_calling_tree() -> None:
         "lc_ending": (878421, 10, 520187),
     }
     assert hooks_instr.parse("") == {"lc_pre": (0, 0, 0), "lc_ending": (0, 0, 0)}
+
+
+def test_pack_writer_cost_measures_this_tree_against_a_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/pack_writer_cost.py: each tree's child writes its packs and reports its writer's
+    CPU per MB; the figures and the ratio reach the JSON (this tree as its own base)."""
+    from pprobe import core
+
+    if core.dumpio() is None:
+        pytest.skip("no native dump writer in this install")
+    import json
+
+    from bench import pack_writer_cost
+
+    here = str(Path(__file__).resolve().parents[1])
+    out = tmp_path / "w.json"
+    rc = pack_writer_cost.main(["--base", here, "--rounds", "2", "--entries", "50", "--kb", "4",
+                                "--dir", str(tmp_path), "--json", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().out
+    got = json.loads(out.read_text())
+    assert len(got["rounds"]["this"]) == len(got["rounds"]["base"]) == 2
+    assert all(x > 0 for x in got["rounds"]["this"] + got["rounds"]["base"])
+    assert got["ratio"] == got["this"] / got["base"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("pprobe-packw-")]

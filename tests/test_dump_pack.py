@@ -337,6 +337,83 @@ def test_native_and_python_writers_append_the_same_bytes(tmp_path: Path) -> None
     assert out[0] == out[1]
 
 
+_STRIDED = [
+    np.arange(60, dtype=np.float32).reshape(3, 4, 5).transpose(2, 0, 1),  # a 3-D transpose
+    np.arange(100, dtype=np.int8)[::3],  # a step, 1-byte items
+    np.arange(48, dtype=np.int16).reshape(6, 8)[::2, 1::3],  # steps in both dimensions
+    np.arange(40, dtype=np.complex128).reshape(5, 8)[::-1, 1::3],  # negative, 16-byte items
+    np.arange(30, dtype=np.float64).reshape(5, 6)[:, 2:4],  # contiguous rows, strided rows
+    np.zeros((3, 4), dtype="V3")[:, ::2],  # an item size without a typed loop
+    np.ones((3, 0, 2))[:, :, ::2],  # empty
+]
+
+
+@pytest.mark.parametrize("q", _queues(), ids=lambda q: type(q).__name__)
+def test_strided_views_are_written_in_c_order(tmp_path: Path, q: object) -> None:
+    """A view that is neither C- nor Fortran-contiguous is gathered into C order: the bytes
+    after each entry's header are ``a.tobytes()``, in a pack and in a plain file."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        q.open(fd, 1 << 20)  # type: ignore[attr-defined]
+        for i, a in enumerate(_STRIDED):
+            assert not a.flags.c_contiguous or a.size == 0, i
+            h = dumps.npy_header(a.dtype, a.shape)
+            assert q.submit(f"p{i}.npy", h, a, None, True, True)  # type: ignore[attr-defined]
+            assert q.submit(f"f{i}.npy", h, a, None, True, False)  # type: ignore[attr-defined]
+        assert q.close(10.0)  # type: ignore[attr-defined]
+        assert not q.failures()  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+    for i, a in enumerate(_STRIDED):
+        h = dumps.npy_header(a.dtype, a.shape)
+        assert (tmp_path / f"f{i}.npy").read_bytes() == h + a.tobytes(), i
+        assert packs.read(str(tmp_path / f"p{i}.npy")) == h + a.tobytes(), i
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding ``path`` (/proc/self/mounts)."""
+    best, kind = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt = parts[1].replace("\\040", " ")
+            if str(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+                best, kind = mnt, parts[2]
+    return kind
+
+
+@pytest.mark.skipif(core.dumpio() is None or not sys.platform.startswith("linux"),
+                    reason="the native writer preallocates on Linux")  # fmt: skip
+def test_the_native_writer_gives_a_packs_preallocated_blocks_back(tmp_path: Path) -> None:
+    """The native writer allocates a pack's blocks ahead of its end (beyond its size: readers
+    see the same file) and gives what it did not write back when it closes: afterwards the
+    pack holds its size's blocks only."""
+    q = dumps.NativeQueue(core.dumpio())
+    fd = os.open(tmp_path, os.O_RDONLY)
+    a = np.arange(10_000, dtype=np.float64)  # 80 kB entries, 1.6 MB in all
+    h = dumps.npy_header(a.dtype, a.shape)
+    try:
+        q.set_host("testhost")
+        q.open(fd, 64 << 20)
+        for i in range(20):
+            assert q.submit(f"x{i}.npy", h, a + i, None, True, True)
+        assert q.wait(q.ticket(), 10.0)
+        (pack,) = (tmp_path / ".packs").iterdir()
+        size = pack.stat().st_size
+        assert size == sum(24 + len(f"x{i}.npy") + len(h) + a.nbytes for i in range(20))
+        ahead = pack.stat().st_blocks * 512 - size
+        if _fs_type(tmp_path) in ("ext4", "xfs", "btrfs", "tmpfs"):
+            assert ahead >= 1 << 20, (ahead, _fs_type(tmp_path))  # preallocated
+        assert q.close(10.0)
+        assert not q.failures()
+    finally:
+        os.close(fd)
+    st = pack.stat()
+    assert st.st_size == size
+    assert st.st_blocks * 512 - size < 64 << 10, st.st_blocks  # given back
+    assert _same(pprobe.load(str(tmp_path / "x19.npy")), a + 19)
+
+
 def test_a_forked_child_appends_to_a_pack_of_its_own(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
