@@ -668,6 +668,7 @@ static PyObject *dq_open(PyObject *self, PyObject *args) {
     int old = dirfd_;
     dirfd_ = d;
     dir_gen++;
+    stopping = 0; /* reopened: a writer still draining after close() stays for the new jobs */
     q_max = maxb > 0 ? (size_t)maxb : 1;
     pthread_mutex_unlock(&mu);
     if (old >= 0) close(old);
@@ -927,6 +928,20 @@ static PyObject *dq_close(PyObject *self, PyObject *args) {
     stopping = 1;
     pthread_cond_broadcast(&cv_work);
     pthread_mutex_unlock(&mu);
+    if (ok == Py_True) {
+        /* drained: the writer exits now, giving its pack's preallocated blocks back
+         * (pack_trim); wait for that, briefly, so that a process ending right after close()
+         * leaves its packs at their size */
+        Py_BEGIN_ALLOW_THREADS;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 2;
+        pthread_mutex_lock(&mu);
+        while (running && stopping)
+            if (pthread_cond_timedwait(&cv_done, &mu, &until) == ETIMEDOUT) break;
+        pthread_mutex_unlock(&mu);
+        Py_END_ALLOW_THREADS;
+    }
     return ok;
 }
 
