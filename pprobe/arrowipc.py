@@ -9,7 +9,10 @@ columnar IPC format for exactly those, from NumPy buffers, with no dependency bu
   validity bitmap (left out where a column has no null), every field nullable;
 * the *encapsulated message format*: the continuation marker 0xFFFFFFFF, the metadata's
   length (int32), a ``Message`` flatbuffer (MetadataVersion V5) padded to 8 bytes, then the
-  body, each buffer padded to 8 bytes, uncompressed;
+  body, each buffer padded to 8 bytes, uncompressed, except the buffers of a column with one
+  value in every row of a batch (:class:`Const`): those are LZ4 frames of one match that
+  repeats the value (:func:`lz4_periodic`, Arrow's ``LZ4_FRAME`` body compression; the
+  batch's other buffers are marked as left uncompressed);
 * the *streaming format*: one ``Schema`` message (with the schema's custom_metadata), then a
   ``RecordBatch`` message per batch; the end-of-stream marker (0xFFFFFFFF 0x00000000) is
   written by :meth:`StreamWriter.close` only, so a writer killed (kill -9) leaves a stream that
@@ -189,29 +192,50 @@ def _validity(np: Any, valid: Any) -> tuple[int, Any]:
     return n - ok, np.packbits(valid, bitorder="little")
 
 
-_zeros: dict[int, bytes] = {}
+class Const:
+    """A buffer of ``size`` bytes that repeat ``pattern`` (cut at ``size``): the data of a
+    column with one value in every row (``run_id``, ``pid``, all-null columns). The writer
+    never makes its bytes; :func:`batch_message` writes it as a few dozen bytes of LZ4
+    (:func:`lz4_periodic`), and ``bytes(c)`` gives them where a reader needs them."""
+
+    __slots__ = ("pattern", "size")
+
+    def __init__(self, pattern: bytes, size: int) -> None:
+        if not pattern and size:
+            raise ValueError("arrowipc: an empty pattern for a non-empty buffer")
+        self.pattern = pattern
+        self.size = size
+
+    def __bytes__(self) -> bytes:
+        if not self.size:
+            return b""
+        return (self.pattern * -(-self.size // len(self.pattern)))[: self.size]
+
+    def __len__(self) -> int:
+        return self.size
 
 
-def _zero(size: int) -> bytes:
-    """``size`` zero bytes, the same object for the same size: a batch's all-null columns
-    share one region of the message body (batch_message places a buffer object once)."""
-    z = _zeros.get(size)
-    if z is None:
-        if len(_zeros) >= 16:
-            _zeros.clear()
-        z = _zeros[size] = bytes(size)
-    return z
+def _zeros(size: int) -> Const:
+    return Const(b"\0", size)
 
 
 def nulls(np: Any, tp: str, n: int) -> Column:
-    """n nulls of type ``tp``: zeroed buffers of the right sizes, shared (:func:`_zero`)."""
-    bitmap = _zero((n + 7) // 8)
+    """n nulls of type ``tp``: zeroed buffers of the right sizes (:class:`Const`)."""
+    bitmap = _zeros((n + 7) // 8)
     if tp == UTF8:
-        return Column(n, n, [bitmap, _zero(4 * (n + 1)), b""])
+        return Column(n, n, [bitmap, _zeros(4 * (n + 1)), b""])
     if tp == LIST_INT64:
-        return Column(n, n, [bitmap, _zero(4 * (n + 1))], Column(0, 0, [None, b""]))
+        return Column(n, n, [bitmap, _zeros(4 * (n + 1))], Column(0, 0, [None, b""]))
     width = {INT32: 4, INT64: 8, FLOAT64: 8}.get(tp)
-    return Column(n, n, [bitmap, bitmap if width is None else _zero(width * n)])
+    return Column(n, n, [bitmap, bitmap if width is None else _zeros(width * n)])
+
+
+def const_ints(np: Any, value: int | None, tp: str, n: int) -> Column:
+    """An int32/int64 column of one value in each of ``n`` rows (None: nulls)."""
+    if value is None:
+        return nulls(np, tp, n)
+    pattern = struct.pack("<i" if tp == INT32 else "<q", value)
+    return Column(n, 0, [None, Const(pattern, len(pattern) * n)])
 
 
 def ints(np: Any, values: Any, tp: str, valid: Any = None) -> Column:
@@ -251,7 +275,9 @@ def repeat_bytes(np: Any, data: bytes, n: int) -> Column:
     """A utf8 column of one value (UTF-8 ``data``) n times."""
     if len(data) * n >= 1 << 31:
         raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
-    return strings(np, np.arange(n + 1, dtype=np.int32) * np.int32(len(data)), data * n)
+    return strings(
+        np, np.arange(n + 1, dtype=np.int32) * np.int32(len(data)), Const(data, len(data) * n)
+    )
 
 
 def repeat(np: Any, s: str, n: int) -> Column:
@@ -300,18 +326,97 @@ class Batch:
 
 
 def _nbytes(buf: Any) -> int:
-    return 0 if buf is None else memoryview(buf).nbytes
+    if buf is None:
+        return 0
+    if buf.__class__ is Const:
+        return buf.size  # type: ignore[no-any-return]
+    return memoryview(buf).nbytes
+
+
+# LZ4 frames (https://github.com/lz4/lz4/blob/dev/doc/lz4_Frame_format.md): magic; FLG 0x60
+# (version 01, independent blocks, no checksums, no content size); BD 0x70 (blocks of up to
+# 4 MiB); HC, the second byte of xxh32(FLG BD): a constant, as the descriptor is.
+_LZ4_HEAD = b"\x04\x22\x4d\x18\x60\x70\x73"
+_LZ4_BLOCK = 4 << 20
+_LZ4_END = bytes(4)
+#: A Const buffer shorter than this is written as its bytes: its frame would not be smaller.
+CONST_MIN = 64
+
+
+def _lz4_extra(n: int) -> bytes:
+    """An LZ4 length's bytes after the token's 15: 255s, then the rest."""
+    n -= 15
+    return b"\xff" * (n // 255) + bytes((n % 255,))
+
+
+def _lz4_block(pattern: bytes, size: int) -> bytes:
+    """One LZ4 block (size field first) of ``size`` bytes repeating ``pattern``: the pattern
+    as literals, one match at offset len(pattern) that copies it over the rest (an
+    overlapping copy repeats it), and the last 5 bytes as literals (the block format's end
+    rules: the last 5 bytes are literals, the last match starts 12 or more bytes before
+    the end). Too short for that: the bytes, stored (the size field's high bit)."""
+    p = len(pattern)
+    if size < p + 12 or p > 0xFFFF:
+        raw = bytes(Const(pattern, size))
+        return struct.pack("<I", size | 0x80000000) + raw
+    match = size - p - 5
+    lit_tok, ml_tok = min(p, 15), min(match - 4, 15)
+    tail = bytes(Const(pattern[(size - 5) % p :] + pattern[: (size - 5) % p], 5))
+    block = b"".join((
+        bytes(((lit_tok << 4) | ml_tok,)),
+        _lz4_extra(p) if p >= 15 else b"",
+        pattern,
+        struct.pack("<H", p),
+        _lz4_extra(match - 4) if match - 4 >= 15 else b"",
+        b"\x50",  # the last sequence: 5 literals, no match
+        tail,
+    ))  # fmt: skip
+    return struct.pack("<I", len(block)) + block
+
+
+def lz4_periodic(pattern: bytes, size: int) -> bytes:
+    """An LZ4 frame of ``size`` bytes repeating ``pattern`` (what Arrow's LZ4_FRAME codec
+    reads): a block per 4 MiB, each starting where the pattern is at that byte."""
+    p = len(pattern)
+    out = [_LZ4_HEAD]
+    pos = 0
+    while pos < size:
+        k = min(_LZ4_BLOCK, size - pos)
+        ph = pos % p
+        out.append(_lz4_block(pattern[ph:] + pattern[:ph], k))
+        pos += k
+    out.append(_LZ4_END)
+    return b"".join(out)
+
+
+def _columns_have_const(batch: Batch) -> bool:
+    todo = list(batch.columns)
+    while todo:
+        c = todo.pop()
+        for buf in c.buffers:
+            if buf.__class__ is Const and buf.size >= CONST_MIN:
+                return True
+        if c.child is not None:
+            todo.append(c.child)
+    return False
 
 
 def batch_message(batch: Batch) -> list:
     """The RecordBatch message of ``batch``: its pieces (metadata, then each body buffer and
-    its padding), to be written in one go (``b"".join``). A buffer object that several
-    columns hold (the zeros of all-null columns) is written once, and each of its Buffer
-    entries points there: the format describes a buffer by offset and length only."""
+    its padding), to be written in one go (``b"".join``).
+
+    A batch with a :class:`Const` buffer is written with Arrow's body compression (LZ4_FRAME,
+    per buffer): each buffer is its uncompressed length (int64) and an LZ4 frame that
+    repeats its pattern, or -1 and its bytes as they are (the format's way to leave a buffer
+    uncompressed); the other buffers are the latter. A column with one value in every row
+    then costs a few dozen bytes a batch instead of its bytes in every row. A buffer object
+    that several columns hold is written once, and each of its Buffer entries points there:
+    the format describes a buffer by offset and length only."""
+    compress = _columns_have_const(batch)
     nodes: list[int] = []
     spans: list[int] = []
     body: list = []
-    placed: dict[int, int] = {}  # id of a shared buffer -> its offset in the body
+    placed: dict[int, tuple[int, int]] = {}  # id of a shared buffer -> its (offset, size)
     pos = 0
     todo = list(reversed(batch.columns))
     while todo:  # pre-order: a list's node and buffers, then its child's
@@ -322,26 +427,43 @@ def batch_message(batch: Batch) -> list:
             if not size:
                 spans += (pos, 0)
                 continue
-            shared = buf.__class__ is bytes
-            at = placed.get(id(buf)) if shared else None
-            if at is not None:
-                spans += (at, size)
+            shared = buf.__class__ is bytes or buf.__class__ is Const
+            got = placed.get(id(buf)) if shared else None
+            if got is not None:
+                spans += got
                 continue
+            if buf.__class__ is Const:
+                if compress and size >= CONST_MIN:
+                    pieces = [struct.pack("<q", size), lz4_periodic(buf.pattern, size)]
+                else:
+                    pieces = [bytes(buf)]
+            else:
+                pieces = [buf]
+            if compress and len(pieces) == 1:
+                pieces.insert(0, _RAW)
+            length = sum(map(_nbytes, pieces))
             if shared:
-                placed[id(buf)] = pos
-            spans += (pos, size)
-            body.append(buf)
-            pad = -size % 8
+                placed[id(buf)] = (pos, length)
+            spans += (pos, length)
+            body += pieces
+            pad = -length % 8
             if pad:
                 body.append(_PAD[:pad])
-            pos += size + pad
+            pos += length + pad
         if c.child is not None:
             todo.append(c.child)
     b = _Builder()
     bufs = b.structs(struct.pack(f"<{len(spans)}q", *spans), len(spans) // 2)
     nds = b.structs(struct.pack(f"<{len(nodes)}q", *nodes), len(nodes) // 2)
-    rb = b.table([(0, "q", batch.num_rows), (1, "off", nds), (2, "off", bufs)])
+    fields = [(0, "q", batch.num_rows), (1, "off", nds), (2, "off", bufs)]
+    if compress:  # BodyCompression: codec LZ4_FRAME (0), method BUFFER (0): the defaults
+        fields.append((3, "off", b.table([(0, "B", 0), (1, "B", 0)])))
+    rb = b.table(fields)
     return [_message(b, _HEADER_RECORD_BATCH, rb, pos), *body]
+
+
+#: the length prefix of a buffer left uncompressed in a compressed body
+_RAW = struct.pack("<q", -1)
 
 
 class StreamWriter:
@@ -402,7 +524,10 @@ def pa_schema(
 
 
 def _pa_array(pa: Any, tp: Any, c: Column) -> Any:
-    bufs = [None if b is None else pa.py_buffer(b) for b in c.buffers]
+    bufs = [
+        None if b is None else pa.py_buffer(bytes(b) if b.__class__ is Const else b)
+        for b in c.buffers
+    ]
     children = None if c.child is None else [_pa_array(pa, tp.value_type, c.child)]
     return pa.Array.from_buffers(tp, c.length, bufs, null_count=c.null_count, children=children)
 

@@ -321,9 +321,9 @@ class Writer:
         ops_cols = [
             A.repeat(np, self.run_id, n),
             A.repeat(np, self.host, n),
-            A.ints(np, np.full(n, self.pid), A.INT64),
-            _const_int(np, A, state.rank, n),
-            _const_int(np, A, state.world_size, n),
+            A.const_ints(np, self.pid, A.INT64, n),
+            A.const_ints(np, state.rank, A.INT32, n),
+            A.const_ints(np, state.world_size, A.INT32, n),
             A.ints(np, seq, A.INT64),
             gather(thread_sids[thr_inv.reshape(-1)]),
             A.ints(np, t0 + self.epoch0, A.INT64),
@@ -399,7 +399,7 @@ class Writer:
         grad = ds["grad"]
         t_cols = [
             A.repeat(np, self.run_id, m),
-            A.ints(np, np.full(m, self.pid), A.INT64),
+            A.const_ints(np, self.pid, A.INT64, m),
             A.ints(np, ds["seq"], A.INT64),
             gather(ds["role"]),
             gather(ds["idx"]),
@@ -540,7 +540,7 @@ class Writer:
         m = len(ids)
         cols = [
             A.repeat(np, self.run_id, m),
-            A.ints(np, np.full(m, self.pid), A.INT64),
+            A.const_ints(np, self.pid, A.INT64, m),
             A.ints(np, ids, A.INT64),
             A.ints(np, levels, A.INT32),
             self._strings.gather(np.where(ok, site_ids[0][safe], -1)),
@@ -705,11 +705,6 @@ def _str_column(np: Any, vals: list) -> Any:
                 return A.nulls(np, A.UTF8, k)
             return A.Column(len(vals), k, [bitmap, offsets, data])
     return A.texts(np, vals)
-
-
-def _const_int(np: Any, A: Any, v: int | None, n: int) -> Any:
-    """An int32 column of one value (rank, world size), or nulls."""
-    return A.nulls(np, A.INT32, n) if v is None else A.ints(np, np.full(n, v), A.INT32)
 
 
 def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:

@@ -130,6 +130,85 @@ def test_all_null_and_constant_columns() -> None:
     assert got.column(0).to_pylist() == [None] * 4
 
 
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        b"\0",
+        b"\xff",
+        b"ok",
+        b"20261205-015818-527",
+        bytes(range(256)) * 3,
+        b"x" * 70_000,
+    ],  # fmt: skip
+)
+def test_lz4_frames_of_a_pattern_decode_to_the_pattern_repeated(pattern: bytes) -> None:
+    p = len(pattern)
+    # around the block format's end rules (p + 12), the 4 MiB block size, and several blocks
+    sizes = {1, 5, 11, 12, 13, p, p + 1, p + 11, p + 12, p + 13, p + 300, 1000, 65_536,
+             (4 << 20) - 1, 4 << 20, (4 << 20) + 7, 9_000_001}  # fmt: skip
+    for size in sorted(sizes):
+        frame = A.lz4_periodic(pattern, size)
+        got = pa.decompress(frame, decompressed_size=size, codec="lz4").to_pybytes()
+        want = (pattern * (size // p + 1))[:size]
+        assert got == want == bytes(A.Const(pattern, size)), size
+        if p <= 0xFFFF and size >= p + 12:  # the pattern, then a byte per 255 of its copies
+            blocks = size // (4 << 20) + 1
+            assert len(frame) <= 11 + blocks * (p + p // 255 + 30) + size // 255, size
+
+
+def test_constant_columns_are_compressed_and_read_back_by_every_reader() -> None:
+    """A batch with a column of one value (Const buffers: run_id, pid, all-null columns)
+    is written with LZ4_FRAME body compression: those buffers as tiny frames, the others
+    left as they are (length -1). pyarrow reads it (stream and message by message, as the
+    query cache does), and so does DuckDB through it."""
+    n = 50_000
+    run_id = "20261205-015818-527 \u00e9"
+    fields = (("run_id", A.UTF8), ("pid", A.INT64), ("rank", A.INT32), ("seq", A.INT64),
+              ("min", A.FLOAT64), ("path", A.UTF8), ("shape", A.LIST_INT64),
+              ("grad", A.BOOL), ("op", A.UTF8))  # fmt: skip
+    ops = [f"op{i % 7}" for i in range(n)]
+    cols = [A.repeat(np, run_id, n), A.const_ints(np, 527, A.INT64, n),
+            A.const_ints(np, None, A.INT32, n), A.ints(np, np.arange(n), A.INT64),
+            A.nulls(np, A.FLOAT64, n), A.nulls(np, A.UTF8, n), A.nulls(np, A.LIST_INT64, n),
+            A.nulls(np, A.BOOL, n), A.texts(np, ops)]  # fmt: skip
+    batch = A.Batch(fields, n, cols)
+    data = _stream(fields, [batch, batch])
+    sch, got = _read(data)
+    want = {"run_id": [run_id] * n, "pid": [527] * n, "rank": [None] * n,
+            "seq": list(range(n)), "min": [None] * n, "path": [None] * n,
+            "shape": [None] * n, "grad": [None] * n, "op": ops}  # fmt: skip
+    for b in got:
+        assert b.to_pydict() == want
+    # the constant columns cost a few bytes each: seq (8 B a row), run_id's offsets (4) and
+    # the op column (its offsets and bytes) are what is left
+    raw = sum(len(f"op{i % 7}") for i in range(n))
+    assert len(data) < 2 * (n * (8 + 4 + 4 + 1) + raw + 4096)
+    # message by message, as pprobe.query's cache reads a shard's byte ranges
+    r = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+    s = pa.ipc.read_schema(r.read_next_message())
+    b = pa.ipc.read_record_batch(r.read_next_message(), s)
+    assert b.to_pydict() == want
+    duckdb = pytest.importorskip("duckdb")
+    tbl = pa.Table.from_batches(got, sch)  # noqa: F841 (DuckDB's replacement scan)
+    row = duckdb.sql("select count(*), min(pid), max(seq), count(min), any_value(run_id) "
+                     "from tbl").fetchall()  # fmt: skip
+    assert row == [(2 * n, 527, n - 1, 0, run_id)]
+    # the same batch through pyarrow's own arrays (the collector's tap)
+    assert A.to_pyarrow(batch).to_pydict() == want
+
+
+def test_a_batch_without_constant_columns_is_not_compressed() -> None:
+    fields = (("seq", A.INT64),)
+    msg = b"".join(A.batch_message(A.Batch(fields, 3, [A.ints(np, np.arange(3), A.INT64)])))
+    m = pa.ipc.read_message(pa.BufferReader(msg))
+    assert m.body.size == 24  # three int64, no length prefix
+    small = A.Batch(fields, 3, [A.const_ints(np, 5, A.INT64, 3)])  # 24 bytes: as they are
+    m = pa.ipc.read_message(pa.BufferReader(b"".join(A.batch_message(small))))
+    assert m.body.size == 24
+    _, (got,) = _read(_stream(fields, [small]))
+    assert got.column(0).to_pylist() == [5, 5, 5]
+
+
 def test_big_batch() -> None:
     n = 300_000
     rng = np.random.default_rng(0)
