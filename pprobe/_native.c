@@ -3680,36 +3680,88 @@ static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
 }
 
 /* ------------------------------------------------------------------ the writer's strings */
-/* utf8_column(items, ids=None) -> (null count, validity bitmap or None, offsets, data): an
-   Arrow utf8 column's buffers (int32 offsets, LSB-first bitmap) for the writer
+/* utf8_column(items, ids=None, one=False) -> (null count, validity bitmap or None, offsets,
+   data): an Arrow utf8 column's buffers (int32 offsets, LSB-first bitmap) for the writer
    (pprobe.writer, whose Python twin joins the same bytes with bytes.join).
    Without ids, items is a list with a bytes, str (its UTF-8; a str that has none, such as a
-   lone surrogate, raises UnicodeEncodeError) or None per row. With ids (an int64 buffer), row
-   k is items[ids[k] + 1], the table of string ids' UTF-8 bytes (items[0] is b""), and an id
-   below 0 is a null. */
+   lone surrogate, raises UnicodeEncodeError) or None per row. With ids (a 1-d int32 or int64
+   buffer, any stride: a field of the record buffer as it is), row k is items[ids[k] + 1],
+   the table of string ids' UTF-8 bytes (items[0] is b""), and an id below 0 is a null; with
+   one, a column whose rows all have the same id gives that id (an int) instead, so that the
+   writer writes it as one value (pprobe.arrowipc.Const) and builds no buffer. */
+typedef struct {
+    const char *buf;
+    Py_ssize_t stride;
+    int wide; /* int64 (else int32) */
+} Ids;
+
+static inline int64_t id_at(const Ids *v, Py_ssize_t k) {
+    const char *p = v->buf + k * v->stride;
+    if (v->wide) {
+        int64_t x;
+        memcpy(&x, p, 8);
+        return x;
+    }
+    int32_t x;
+    memcpy(&x, p, 4);
+    return x;
+}
+
+static int ids_of(Py_buffer *b, Ids *v) {
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    int ok = b->ndim == 1 && f[1] == '\0' &&
+             ((b->itemsize == 8 && (*f == 'q' || *f == 'l')) ||
+              (b->itemsize == 4 && (*f == 'i' || *f == 'l')));
+    if (!ok) {
+        PyErr_SetString(PyExc_TypeError, "utf8_column: ids must be a 1-d int32 or int64 buffer");
+        return -1;
+    }
+    v->buf = (const char *)b->buf;
+    v->stride = b->strides ? b->strides[0] : b->itemsize;
+    v->wide = b->itemsize == 8;
+    return 0;
+}
+
 static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2 || !PyList_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "utf8_column(items: list, ids=None)");
+    if (nargs < 1 || nargs > 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "utf8_column(items: list, ids=None, one=False)");
         return NULL;
     }
     PyObject *items = args[0];
     Py_buffer ib = {0};
-    const int64_t *ids = NULL;
+    Ids v = {0};
+    int have_ids = 0;
     Py_ssize_t n = PyList_GET_SIZE(items);
-    if (nargs == 2 && args[1] != Py_None) {
-        if (PyObject_GetBuffer(args[1], &ib, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-        if (ib.itemsize != 8 || (ib.format && strcmp(ib.format, "l") && strcmp(ib.format, "q") &&
-                                 strcmp(ib.format, "<q") && strcmp(ib.format, "=q"))) {
+    if (nargs >= 2 && args[1] != Py_None) {
+        if (PyObject_GetBuffer(args[1], &ib, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+        if (ids_of(&ib, &v) < 0) {
             PyBuffer_Release(&ib);
-            PyErr_SetString(PyExc_TypeError, "utf8_column: ids must be int64");
             return NULL;
         }
-        ids = (const int64_t *)ib.buf;
-        n = ib.len / 8;
+        have_ids = 1;
+        n = ib.shape ? ib.shape[0] : ib.len / ib.itemsize;
     }
     Py_ssize_t table = PyList_GET_SIZE(items);
-    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
-    PyObject *bitmap = NULL, *data = NULL, *out = NULL;
+    PyObject *offsets = NULL, *bitmap = NULL, *data = NULL, *out = NULL;
+    if (have_ids && n && nargs == 3) {
+        int one = PyObject_IsTrue(args[2]);
+        if (one < 0) goto done;
+        if (one) {
+            int64_t first = id_at(&v, 0);
+            Py_ssize_t k = 1;
+            while (k < n && id_at(&v, k) == first) k++;
+            if (k == n) {
+                if (first + 1 >= table) {
+                    PyErr_SetString(PyExc_IndexError, "utf8_column: a string id past the table");
+                    goto done;
+                }
+                out = PyLong_FromLongLong(first < 0 ? -1 : first);
+                goto done;
+            }
+        }
+    }
+    offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
     if (!offsets) goto done;
     int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
     int64_t total = 0;
@@ -3717,14 +3769,15 @@ static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t n
     off[0] = 0;
     for (Py_ssize_t k = 0; k < n; k++) { /* the sizes, and every item checked */
         PyObject *it;
-        if (ids) {
-            int64_t i = ids[k] + 1;
+        if (have_ids) {
+            int64_t id = id_at(&v, k);
+            int64_t i = id + 1;
             if (i < 0) i = 0;
             if (i >= table) {
                 PyErr_SetString(PyExc_IndexError, "utf8_column: a string id past the table");
                 goto done;
             }
-            nulls += ids[k] < 0;
+            nulls += id < 0;
             it = PyList_GET_ITEM(items, i);
         } else {
             it = PyList_GET_ITEM(items, k);
@@ -3756,7 +3809,8 @@ static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t n
     for (Py_ssize_t k = 0; k < n; k++) {
         Py_ssize_t len = off[k + 1] - off[k];
         if (!len) continue;
-        PyObject *it = ids ? PyList_GET_ITEM(items, ids[k] + 1) : PyList_GET_ITEM(items, k);
+        PyObject *it = have_ids ? PyList_GET_ITEM(items, id_at(&v, k) + 1)
+                                : PyList_GET_ITEM(items, k);
         const char *src = PyBytes_Check(it) ? PyBytes_AS_STRING(it) : PyUnicode_AsUTF8(it);
         if (!src) goto done;
         memcpy(dst + off[k], src, (size_t)len);
@@ -3767,13 +3821,13 @@ static PyObject *utf8_column(PyObject *self, PyObject *const *args, Py_ssize_t n
         uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
         memset(bits, 0, (size_t)(n + 7) / 8);
         for (Py_ssize_t k = 0; k < n; k++) {
-            int valid = ids ? ids[k] >= 0 : PyList_GET_ITEM(items, k) != Py_None;
+            int valid = have_ids ? id_at(&v, k) >= 0 : PyList_GET_ITEM(items, k) != Py_None;
             bits[k >> 3] |= (uint8_t)(valid << (k & 7));
         }
     }
     out = Py_BuildValue("(nOOO)", nulls, bitmap ? bitmap : Py_None, offsets, data);
 done:
-    if (ids) PyBuffer_Release(&ib);
+    if (have_ids) PyBuffer_Release(&ib);
     Py_XDECREF(offsets);
     Py_XDECREF(bitmap);
     Py_XDECREF(data);
@@ -3903,7 +3957,8 @@ static PyMethodDef methods[] = {
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
-     "utf8_column(items, ids=None) -> (nulls, bitmap or None, offsets, data)"},
+     "utf8_column(items, ids=None, one=False) -> (nulls, bitmap or None, offsets, data), or "
+     "the one id of every row (with one)"},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "pprobe._native",

@@ -621,6 +621,10 @@ class _Strings:
             lens[i + 1] = len(e)
         self.count = n
 
+    def _one(self, np: Any, sid: int, n: int) -> Any:
+        """The utf8 column of string id ``sid`` in each of ``n`` rows (-1: nulls)."""
+        return A.nulls(np, A.UTF8, n) if sid < 0 else A.repeat_bytes(np, self.items[sid + 1], n)
+
     def gather(self, ids: Any) -> Any:
         """The utf8 column of string ids ``ids`` (-1: null)."""
         import numpy as np
@@ -628,14 +632,16 @@ class _Strings:
         n = len(ids)
         if not n:
             return A.strings(np, np.zeros(1, dtype=np.int32), b"")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo == hi:  # one value (status "ok", device "cpu", no module)
-            return A.nulls(np, A.UTF8, n) if lo < 0 else A.repeat_bytes(np, self.items[lo + 1], n)
         native = core.native
-        if native is not None:  # the same buffers, in C
-            ids64 = np.ascontiguousarray(ids, dtype=np.int64)
-            k, bitmap, offsets, data = native.utf8_column(self.items, ids64)
+        if native is not None:  # the same buffers, in C, from the ids as they are (strided)
+            got = native.utf8_column(self.items, ids, True)
+            if got.__class__ is int:  # one value (status "ok", device "cpu", no module)
+                return self._one(np, got, n)  # type: ignore[arg-type]
+            k, bitmap, offsets, data = got  # type: ignore[misc]
             return A.Column(n, k, [bitmap, offsets, data])
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo == hi:
+            return self._one(np, lo, n)
         idx = ids + 1  # null (-1) -> b""
         lens = self.lens[idx]
         if int(lens.sum()) >= 1 << 31:

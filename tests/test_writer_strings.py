@@ -94,8 +94,15 @@ def test_utf8_column_refuses_what_it_cannot_encode() -> None:
     assert np.frombuffer(offsets, dtype=np.int32).tolist() == [0, 2, 2, 3, 5]
     with pytest.raises(IndexError):
         fn([b"", b"a"], np.array([0, 5], dtype=np.int64))
+    with pytest.raises(TypeError):  # ids are int32 or int64, one dimension
+        fn([b"", b"a"], np.array([0.0, 1.0]))
     with pytest.raises(TypeError):
-        fn([b"", b"a"], np.array([0, 1], dtype=np.int32))
+        fn([b"", b"a"], np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(IndexError):  # one id for every row, past the table
+        fn([b"", b"a"], np.array([4, 4], dtype=np.int32), True)
+    assert fn([b"", b"a"], np.array([0, 0, 0], dtype=np.int32), True) == 0
+    assert fn([b"", b"a"], np.array([-1, -1], dtype=np.int64), True) == -1
+    assert fn([b"", b"a"], np.array([-3, -1], dtype=np.int64), True) != -1  # two null ids
     k, bitmap, offsets, data = fn([b"", b"a", b"bc"], np.array([1, -1, 0, 1], dtype=np.int64))
     assert (k, data) == (1, b"bcabc")
     assert np.frombuffer(offsets, dtype=np.int32).tolist() == [0, 2, 2, 3, 5]
@@ -184,3 +191,34 @@ def test_write_all_v_reports_a_full_disk(tmp_path: Path, monkeypatch: pytest.Mon
             safefs.write_all_v(fd, [b"abc"])
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("dt", ["<i4", "<i8"])
+@pytest.mark.parametrize("n", [1, 2, 17, 1000])
+def test_ids_read_in_place_from_a_record_field(engine: str, dt: str, n: int) -> None:
+    """The writer passes a record buffer's field as it is (strided, int32 or int64): the
+    column is the same as from a contiguous copy, and a field with one id in every row
+    (one value, or nulls) is a column of one value that builds no buffer (arrowipc.Const)."""
+    rng = random.Random(n)
+    texts = ["ok", "é", "", "numpy.ndarray.__add__"]
+    sids = [records.sid(t) for t in texts]
+    rec = np.zeros(n, dtype=[("a", "<i8"), ("ids", dt), ("b", "<i2")])  # packed: unaligned
+    strs = writer._Strings()
+    strs.refresh()
+    for case in ("mixed", "one", "nulls"):
+        if case == "mixed":
+            rec["ids"] = [rng.choice([-1, *sids]) for _ in range(n)]
+        else:
+            rec["ids"] = sids[1] if case == "one" else -1
+        ids = rec["ids"]
+        assert not ids.flags.c_contiguous or n == 1
+        col = strs.gather(ids)
+        want = [None if i < 0 else records.strings[i] for i in ids.tolist()]
+        assert _decoded(col) == want, case
+        assert col.null_count == want.count(None)
+        assert _decoded(strs.gather(np.ascontiguousarray(ids, dtype=np.int64))) == want
+        if len(set(ids.tolist())) == 1:  # its bytes (and a null column's offsets) not made
+            data, null = col.buffers[-1], ids[0] < 0
+            assert isinstance(data, A.Const) or (null and data == b""), case
+            if null:
+                assert isinstance(col.buffers[0], A.Const) and isinstance(col.buffers[1], A.Const)
