@@ -240,14 +240,15 @@ def const_ints(np: Any, value: int | None, tp: str, n: int) -> Column:
 
 def ints(np: Any, values: Any, tp: str, valid: Any = None) -> Column:
     """An int32/int64 column of ``values`` (NumPy), null where ``valid`` is False."""
-    values = np.ascontiguousarray(values, dtype=np.int32 if tp == INT32 else np.int64)
-    n = len(values)
+    dt = np.int32 if tp == INT32 else np.int64
     if valid is None:
-        return Column(n, 0, [None, values])
+        values = np.ascontiguousarray(values, dtype=dt)
+        return Column(len(values), 0, [None, values])
+    n = len(valid)
     k, bitmap = _validity(np, valid)
-    if k == n and n:
+    if k == n and n:  # (no copy of the values)
         return nulls(np, tp, n)
-    return Column(n, k, [bitmap, values])
+    return Column(n, k, [bitmap, np.ascontiguousarray(values, dtype=dt)])
 
 
 def floats(np: Any, values: Any, valid: Any) -> Column:
@@ -258,6 +259,9 @@ def floats(np: Any, values: Any, valid: Any) -> Column:
 
 def bools(np: Any, values: Any, valid: Any) -> Column:
     k, bitmap = _validity(np, valid)
+    n = len(valid)
+    if k == n and n:
+        return nulls(np, BOOL, n)
     data = np.packbits(np.asarray(values, dtype=bool), bitorder="little")
     return Column(len(valid), k, [bitmap, data])
 

@@ -396,6 +396,12 @@ class Writer:
                     has_path[d] = False
         codec_cols = self._codec_columns(np, A, dumper, paths, with_path, has_path, m)
         has_stats = stats_kind != records.STATS_NONE
+        if has_stats.any():
+            stat_cols = [_stat_floats(np, A, cols[f], has_stats) for f in _STAT_FLOATS]
+            stat_cols += [A.ints(np, cols[f], A.INT64, cols[f] >= 0) for f in ("nan", "inf")]
+        else:  # log mode: no statistics in the batch
+            stat_cols = [A.nulls(np, A.FLOAT64, m) for _ in _STAT_FLOATS]
+            stat_cols += [A.nulls(np, A.INT64, m), A.nulls(np, A.INT64, m)]
         grad = ds["grad"]
         t_cols = [
             A.repeat(np, self.run_id, m),
@@ -407,8 +413,7 @@ class Writer:
             gather(ds["dtype"]),
             gather(ds["device"]),
             A.bools(np, grad == 1, grad >= 0),
-            *(_stat_floats(np, A, cols[f], has_stats) for f in ("min", "max", "mean", "std")),
-            *(A.ints(np, cols[f], A.INT64, cols[f] >= 0) for f in ("nan", "inf")),
+            *stat_cols,
             _str_column(np, paths),
             _str_column(np, notes),
             *codec_cols,
@@ -420,6 +425,8 @@ class Writer:
     ) -> tuple:
         """dump_codec, dump_max_abs_error, dump_bytes of the rows that point to a dump (the
         dump writer has written them: barrier). ``has_path``: the rows whose path is set."""
+        if not with_path or not has_path.any():  # no dump in the batch (log and stats modes)
+            return A.nulls(np, A.UTF8, m), A.nulls(np, A.FLOAT64, m), A.nulls(np, A.INT64, m)
         if dumper is not None and dumper.codec == "npy":  # each dump: ("npy", 0.0, None)
             npy = records.sid("npy")
             self._strings.refresh()  # (a new id on the first call)
@@ -700,8 +707,11 @@ def _placed(np: Any, m: int, rows: Any, items: list) -> list:
 def _str_column(np: Any, vals: list) -> Any:
     """A utf8 column of str or None per row (dump paths, notes): the native core's
     utf8_column, or arrowipc.texts (its twin, also where a str has no UTF-8)."""
+    n = len(vals)
+    if vals.count(None) == n:  # no dump path, no note in the batch
+        return A.nulls(np, A.UTF8, n)
     native = core.native
-    if native is not None and vals:
+    if native is not None:
         try:
             k, bitmap, offsets, data = native.utf8_column(vals)
         except (TypeError, UnicodeError):
@@ -711,6 +721,9 @@ def _str_column(np: Any, vals: list) -> Any:
                 return A.nulls(np, A.UTF8, k)
             return A.Column(len(vals), k, [bitmap, offsets, data])
     return A.texts(np, vals)
+
+
+_STAT_FLOATS = ("min", "max", "mean", "std")
 
 
 def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
@@ -735,6 +748,10 @@ def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
     else:
         dims = np.zeros((0, k), dtype=np.int64)
     deep = ndim > k
+    if m and 0 <= ndim[0] <= k and (ndim == ndim[0]).all():  # one rank in the batch
+        nd = int(ndim[0])
+        offsets = np.arange(m + 1, dtype=np.int32) * np.int32(nd)
+        return A.int64_lists(np, offsets, dims[:, :nd].reshape(-1))
     if deep.any():
         pieces = []
         refs = ds["shape_ref"]
