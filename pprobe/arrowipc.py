@@ -420,7 +420,7 @@ def batch_message(batch: Batch) -> list:
     nodes: list[int] = []
     spans: list[int] = []
     body: list = []
-    placed: dict[int, tuple[int, int]] = {}  # id of a shared buffer -> its (offset, size)
+    placed: dict[Any, tuple[int, int]] = {}  # a shared buffer's key -> its (offset, size)
     pos = 0
     todo = list(reversed(batch.columns))
     while todo:  # pre-order: a list's node and buffers, then its child's
@@ -431,12 +431,15 @@ def batch_message(batch: Batch) -> list:
             if not size:
                 spans += (pos, 0)
                 continue
-            shared = buf.__class__ is bytes or buf.__class__ is Const
-            got = placed.get(id(buf)) if shared else None
+            const = buf.__class__ is Const
+            # the same bytes object, or the same pattern and size (the zeros of every
+            # all-null column of this length): placed once
+            key = (buf.pattern, size) if const else id(buf) if buf.__class__ is bytes else None
+            got = placed.get(key) if key is not None else None
             if got is not None:
                 spans += got
                 continue
-            if buf.__class__ is Const:
+            if const:
                 if compress and size >= CONST_MIN:
                     pieces = [struct.pack("<q", size), lz4_periodic(buf.pattern, size)]
                 else:
@@ -446,8 +449,8 @@ def batch_message(batch: Batch) -> list:
             if compress and len(pieces) == 1:
                 pieces.insert(0, _RAW)
             length = sum(map(_nbytes, pieces))
-            if shared:
-                placed[id(buf)] = (pos, length)
+            if key is not None:
+                placed[key] = (pos, length)
             spans += (pos, length)
             body += pieces
             pad = -length % 8
