@@ -12,8 +12,8 @@ writer thread's CPU: the process's CPU clock minus the main thread's, per MB app
 figure is the median over the rounds, and the ratio this / base. ``--base``: a checkout
 whose ``pprobe`` package has its native modules built in place (``python setup.py build_ext
 --inplace``). The first round of a fresh machine writes into page-cache pages the kernel has
-not handed out before, which costs more here than pages just freed (docs/performance.md
-section 16): read the rounds, not only the median.
+not handed out before, which costs more on the development VMs than pages just freed: read
+the rounds, not only the median.
 """
 
 from __future__ import annotations

@@ -161,8 +161,8 @@ def test_tensors_of_a_result() -> None:
 
 
 def test_the_cost_benchmark_runs(tmp_path: Path) -> None:
-    """bench/backward_modules_cost.py (docs/performance.md 3b) runs; its figure is not checked
-    (no timed assertions)."""
+    """bench/backward_modules_cost.py (docs/performance.md, "Call stacks and backward rows")
+    runs; its figure is not checked (no timed assertions)."""
     from helpers import REPO
 
     p = subprocess.run(
