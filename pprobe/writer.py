@@ -716,10 +716,8 @@ def _str_column(np: Any, vals: list) -> Any:
             k, bitmap, offsets, data = native.utf8_column(vals)
         except (TypeError, UnicodeError):
             pass
-        else:
-            if k == len(vals):
-                return A.nulls(np, A.UTF8, k)
-            return A.Column(len(vals), k, [bitmap, offsets, data])
+        else:  # (not every row is None: checked above)
+            return A.Column(n, k, [bitmap, offsets, data])
     return A.texts(np, vals)
 
 
