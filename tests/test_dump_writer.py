@@ -237,6 +237,39 @@ def test_the_budget_chunks(tmp_path: Path, budget: int) -> None:
     assert budget - d.n_chunks * d.chunk < d.n_chunks  # only the division's remainder is lost
 
 
+@pytest.mark.parametrize("links", [True, False])
+def test_budget_chunks_are_taken_once_across_dumpers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: bool
+) -> None:
+    """Two dumpers of one run folder (as two processes) take the budget's chunks by name, each
+    chunk once: as hard links to .budget/token (no inode per chunk), or, where the file system
+    refuses hard links, as empty files. Neither ever takes more than the budget."""
+    if not links:
+
+        def no_links(*a: object, **k: object) -> None:
+            raise PermissionError(1, "Operation not permitted")
+
+        monkeypatch.setattr(os, "link", no_links)
+    mib = 1 << 20
+    a, b = dumps.Dumper(str(tmp_path), 8 * mib), dumps.Dumper(str(tmp_path), 8 * mib)
+    taken = []
+    while True:
+        got = [d._reserve(mib) for d in (a, b)]  # one new chunk each
+        taken += got
+        if not any(got):
+            break
+    assert sum(taken) == 8 and a.held + b.held == 8 * mib and a.held == b.held
+    chunks = sorted(int(p.name) for p in (tmp_path / ".budget").iterdir() if p.name.isdigit())
+    assert chunks == list(range(8))
+    inodes = {(tmp_path / ".budget" / str(k)).stat().st_ino for k in chunks}
+    if links:
+        assert inodes == {(tmp_path / ".budget" / "token").stat().st_ino}
+    else:
+        assert len(inodes) == 8
+    for p in (tmp_path / ".budget").iterdir():
+        assert not p.is_symlink() and p.stat().st_size == 0
+
+
 def test_unsafe_and_long_names_are_sanitised_and_do_not_stop_dumping(tmp_path: Path) -> None:
     r = run_script(
         tmp_path,
