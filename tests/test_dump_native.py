@@ -356,3 +356,70 @@ def test_the_core_dumps_plain_cpu_tensors_itself(tmp_path: Path) -> None:
     (mul_out,) = tensors(r.run_dir, f"seq = {mul['seq']} AND role = 'output'")
     assert load_dump(r.run_dir / mul_out["dump_path"]).tolist() == [0, 2, 4, 6, 8, 10]
     assert not meta(r.run_dir)["errors"], r.err
+
+
+MEMO_PROG = """
+import numpy as np
+rng = np.random.default_rng(5)
+w = rng.standard_normal((64, 48)).astype(np.float32)      # 12 KB: statistics kept by content
+x = rng.standard_normal((32, 64)).astype(np.float32)
+for step in range(3):
+    h = np.dot(x, w)                  # h: an output, then the next op's input (seen before)
+    r = np.maximum(h, 0)
+    g = np.dot(r, w.T)                # w.T: a transpose, the same memory as w
+    w -= 0.1 * np.dot(x.T, r)         # w changes in place: its next content is new
+big = np.arange(2048, dtype=np.float64)
+np.negative(big)
+np.negative(big.view(np.int64))       # the same bytes, another dtype
+np.negative(big.byteswap().view(big.dtype.newbyteorder()))  # the same values, swapped bytes
+sw = big.view(big.dtype.newbyteorder())
+np.negative(sw)                       # the same bytes as big, other values (byte-swapped)
+nan = big.copy()
+nan[::7] = np.nan
+nan[3] = np.inf
+np.negative(nan)
+np.negative(nan.copy())               # the same content: its NaN and inf counts too
+f = np.asfortranarray(rng.standard_normal((40, 30)))
+np.negative(f)
+np.negative(f.T)                      # C-ordered view of the same memory
+np.negative(np.ascontiguousarray(f.T))
+"""
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_statistics_kept_by_content_are_the_contents_statistics(tmp_path: Path) -> None:
+    """In dump mode the native core takes the statistics of a content seen before (same
+    digest and dtype) from its table instead of reading the array again. Every statistic must
+    be, to the last bit, the one it computes for that array without the table: across repeated
+    contents, in-place changes, transposes, other dtypes and byte-swapped views of the same
+    bytes, NaN and inf. The table is used where the core makes the dumps itself
+    (PPROBE_DUMP_FULL=wait, the default); with skip, Python makes them and every array's
+    statistics are computed (still in C)."""
+    got = {}
+    for full in ("wait", "skip"):
+        r = run_script(tmp_path / full, MEMO_PROG,
+                       env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump",
+                            "PPROBE_DUMP_FULL": full}).check()  # fmt: skip
+        m = meta(r.run_dir)
+        assert m["core"]["engine"] == "native" and not m["errors"], r.err
+        assert m["dumps"]["skipped"] == 0
+        cols = ("role", "idx", "shape", "dtype", "min", "max", "mean", "std", "nan_count",
+                "inf_count", "note")  # fmt: skip
+        got[full] = [
+            (o["op"], *(t[c] for c in cols))
+            for o in ops(r.run_dir)
+            for t in tensors(r.run_dir, f"seq = {o['seq']}")
+        ]
+    assert got["wait"] == got["skip"]
+    rows = got["wait"]
+    assert len(rows) > 40
+    negs = [t for t in rows if t[0] == "numpy.negative" and t[1] == "input"]
+    assert len(negs) == 9
+    # big's bytes as float64, as int64 and byte-swapped: three sets of statistics (the table
+    # tells them apart); big's values in swapped bytes: big's min and max
+    assert len({t[5:11] for t in (negs[0], negs[1], negs[3])}) == 3
+    assert negs[2][5:7] == negs[0][5:7] == (0.0, 2047.0)
+    assert negs[4][9:11] == negs[5][9:11] == (293, 1)
+    # w's content changes every step: three different weights, each with its own statistics
+    dots = [t for t in rows if t[0] == "numpy.dot" and t[1] == "input" and t[3] == [64, 48]]
+    assert len({t[5:9] for t in dots}) == 3
