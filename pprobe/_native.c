@@ -1189,31 +1189,21 @@ static PyObject *g_dumper;
 static PyObject *str_c_digest, *str_exhausted, *str_nbytes;
 static int attr_true(PyObject *o, PyObject *name);
 
-/* 1: r has the statistics of x's content (seen before); 0: not seen (*slot: where they go
- * once computed, under the digest copied to h; or NULL). Errors are cleared: the statistics
- * are then computed as usual. */
-static int smemo_find(DescRec *r, PyObject *x, SMemo **slot, unsigned char h[16]) {
-    *slot = NULL;
-    NpyArrayFields *a = (NpyArrayFields *)x;
-    /* a plain ndarray of a builtin dtype (its descriptor a static singleton, cached by
-     * descr_sid: native byte order, so the dtype's name and the bytes say the values) */
-    if (!g_dumper || Py_TYPE(x) != np_ndarray || r->dtype < 0 ||
-        !map2_find(&g_descrs, a->descr, 0))
+/* 1: r has the statistics of the content of x, nbytes at addr (seen before); 0: not seen
+ * (*slot: where they go once computed, under the digest copied to h; or NULL). The digest is
+ * kept for x's dump. Errors are cleared: the statistics are then computed as usual. */
+static int smemo_mem(DescRec *r, PyObject *x, const void *addr, long long nbytes, SMemo **slot,
+                     unsigned char h[16]) {
+    if (nbytes < SMEMO_MIN || tl_dm_n >= DMEMO_N || attr_true(g_dumper, str_exhausted) != 0) {
+        PyErr_Clear();
         return 0;
-    /* dense memory: the statistics read it in memory order (_dumpio's stats_strided), so
-     * those of a transpose are its memory's, to the last bit */
-    int fortran = npy_fortran(a);
-    if (!(a->flags & NPY_C_CONTIGUOUS) && !fortran) return 0;
-    if (tl_dm_n >= DMEMO_N) return 0;
-    PyObject *nb = PyObject_GetAttr(x, str_nbytes), *dg = NULL, *mv = NULL, *d = NULL;
-    long long nbytes = nb ? PyLong_AsLongLong(nb) : -1;
-    Py_XDECREF(nb);
-    if (nbytes < SMEMO_MIN || attr_true(g_dumper, str_exhausted) != 0) goto out;
-    if (!(dg = PyObject_GetAttr(g_dumper, str_c_digest)) || dg == Py_None) goto out;
-    if (fortran) { /* as dump_fast digests it: the memory as it is */
-        if (!(mv = PyMemoryView_FromMemory(a->data, (Py_ssize_t)nbytes, PyBUF_READ))) goto out;
     }
-    d = PyObject_CallOneArg(dg, mv ? mv : x);
+    PyObject *dg = NULL, *mv = NULL, *d = NULL;
+    if (!(dg = PyObject_GetAttr(g_dumper, str_c_digest)) || dg == Py_None) goto out;
+    /* the bytes as dump_fast digests them (an array's own buffer, or a memoryview of this
+     * memory: the same bytes, the same digest) */
+    if (!(mv = PyMemoryView_FromMemory((char *)addr, (Py_ssize_t)nbytes, PyBUF_READ))) goto out;
+    d = PyObject_CallOneArg(dg, mv);
     if (!d || !PyBytes_Check(d) || PyBytes_GET_SIZE(d) < 16) goto out;
     tl_dm_x[tl_dm_n] = x;
     tl_dm_d[tl_dm_n++] = Py_NewRef(d);
@@ -1235,6 +1225,7 @@ static int smemo_find(DescRec *r, PyObject *x, SMemo **slot, unsigned char h[16]
         r->inf = e->c[1];
         Py_DECREF(d);
         Py_DECREF(dg);
+        Py_DECREF(mv);
         return 1;
     }
     *slot = e;
@@ -1246,25 +1237,48 @@ out:
     return 0;
 }
 
+/* the statistics (computed by f, which takes x) into r and, where smemo_mem gave a slot, into
+ * the table: 1 if f computed them */
+static int smemo_stats(DescRec *r, PyObject *x, stats_fn f, SMemo *slot, const unsigned char *h) {
+    if (!desc_stats_c(r, x, f)) return 0;
+    if (slot) { /* all of it at once: the statistics may have let another thread run */
+        memcpy(slot->h, h, 16);
+        slot->v[0] = r->mn;
+        slot->v[1] = r->mx;
+        slot->v[2] = r->mean;
+        slot->v[3] = r->std;
+        slot->c[0] = r->nan;
+        slot->c[1] = r->inf;
+        slot->dtype = r->dtype;
+    }
+    return 1;
+}
+
+/* smemo_mem for a NumPy array */
+static int smemo_find(DescRec *r, PyObject *x, SMemo **slot, unsigned char h[16]) {
+    *slot = NULL;
+    NpyArrayFields *a = (NpyArrayFields *)x;
+    /* a plain ndarray of a builtin dtype (its descriptor a static singleton, cached by
+     * descr_sid: native byte order, so the dtype's name and the bytes say the values) */
+    if (!g_dumper || Py_TYPE(x) != np_ndarray || r->dtype < 0 ||
+        !map2_find(&g_descrs, a->descr, 0))
+        return 0;
+    /* dense memory: the statistics read it in memory order (_dumpio's stats_strided), so
+     * those of a transpose are its memory's, to the last bit */
+    if (!(a->flags & NPY_C_CONTIGUOUS) && !npy_fortran(a)) return 0;
+    PyObject *nb = PyObject_GetAttr(x, str_nbytes);
+    long long nbytes = nb ? PyLong_AsLongLong(nb) : -1;
+    Py_XDECREF(nb);
+    return smemo_mem(r, x, a->data, nbytes, slot, h);
+}
+
 static int desc_stats(Descs *ds, DescRec *r, PyObject *x) {
     if (r->role == s_input && r->idx == s_out_kw) return desc_note(ds, r, str_out_note);
     if (r->role == s_output && g_cur_uninit) return desc_note(ds, r, str_uninit_note);
     SMemo *slot = NULL;
     unsigned char h[16];
     if (g_mode == 2 && smemo_find(r, x, &slot, h)) return 0;
-    if (desc_stats_c(r, x, g_stats_c)) {
-        if (slot) { /* all of it at once: the statistics may have let another thread run */
-            memcpy(slot->h, h, 16);
-            slot->v[0] = r->mn;
-            slot->v[1] = r->mx;
-            slot->v[2] = r->mean;
-            slot->v[3] = r->std;
-            slot->c[0] = r->nan;
-            slot->c[1] = r->inf;
-            slot->dtype = r->dtype;
-        }
-        return 0;
-    }
+    if (smemo_stats(r, x, g_stats_c, slot, h)) return 0;
     return desc_stats_py(ds, r, x, py_stats_fallback);
 }
 
@@ -1307,6 +1321,29 @@ static int desc_stats_py(Descs *ds, DescRec *r, PyObject *x, PyObject *fn) {
     return 0;
 }
 
+typedef int (*tensor_mem_fn)(PyObject *, void **, Py_ssize_t *, int *, Py_ssize_t *,
+                             PyObject **);
+static tensor_mem_fn g_tensor_mem; /* below */
+
+/* a plain CPU tensor's statistics (f: _dumpio's, from its memory), in dump mode from the
+ * table when its content was seen before (smemo_mem: the memory the dump reads) */
+static int smemo_tensor(DescRec *r, PyObject *x, stats_fn f) {
+    SMemo *slot = NULL;
+    unsigned char h[16];
+    if (g_mode == 2 && g_dumper && g_tensor_mem && r->dtype >= 0) {
+        void *addr;
+        Py_ssize_t nbytes, dims[64];
+        int nd;
+        PyObject *ts;
+        if (g_tensor_mem(x, &addr, &nbytes, &nd, dims, &ts)) {
+            if (smemo_mem(r, x, addr, nbytes, &slot, h)) return 1;
+        } else {
+            PyErr_Clear();
+        }
+    }
+    return smemo_stats(r, x, f, slot, h);
+}
+
 static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_t seq) {
     PyTypeObject *tp = Py_TYPE(x);
     if (np_ndarray && (tp == np_ndarray || PyType_IsSubtype(tp, np_ndarray))) {
@@ -1338,8 +1375,9 @@ static int describe_np(Descs *ds, PyObject *x, int32_t role, int32_t idx, int64_
                 if (desc_note(ds, d, str_out_note) < 0) return -1;
             } else if (d->role == s_output && g_cur_uninit) {
                 if (desc_note(ds, d, str_uninit_note) < 0) return -1;
-            } else if (g_tstats_c && desc_stats_c(d, x, g_tstats_c)) {
-                /* a plain CPU tensor, read in C from its memory (no Python call) */
+            } else if (g_tstats_c && smemo_tensor(d, x, g_tstats_c)) {
+                /* a plain CPU tensor, read in C from its memory (no Python call), or its
+                 * content seen before (dump mode) */
             } else if (desc_stats_py(ds, d, x, py_tensor_stats) < 0) {
                 return -1;
             }
@@ -1828,8 +1866,6 @@ static PyObject *npy_header(PyObject *self, PyObject *x) { return npy_header_of(
  * take (budget past the chunks held, the first dump, exhaustion, a busy lock, a long name) is
  * left to Python before anything changed: *done = 0. */
 static PyObject *g_dumper = NULL, *g_dump_submit = NULL, *g_dump_head = NULL; /* g_dumper: above */
-typedef int (*tensor_mem_fn)(PyObject *, void **, Py_ssize_t *, int *, Py_ssize_t *,
-                             PyObject **);
 static tensor_mem_fn g_tensor_mem = NULL; /* _dumpio's c_tensor_mem, or NULL */
 typedef void (*tensor_memo_fn)(int);
 /* _dumpio's c_tensor_memo, or NULL: armed before a dump-mode phase's descriptions (the
@@ -1895,8 +1931,10 @@ static int attr_true(PyObject *o, PyObject *name) {
     return r;
 }
 
-static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_t seq,
-                           int kind, Py_ssize_t idx, int *done) {
+/* x: what is dumped (an array, or a tensor's memory); src: the object described (its digest
+ * may be known: dmemo) */
+static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssize_t opi,
+                           int64_t seq, int kind, Py_ssize_t idx, int *done) {
     *done = 0;
     PyObject *d = g_dumper;
     if (!d || header == Py_None) return NULL;
@@ -1906,7 +1944,7 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
         if (!npy_fortran((NpyArrayFields *)x)) return NULL;
         fortran = 1; /* its memory as it is, under npy_header_of's Fortran-order header */
     }
-    PyObject *flat = NULL, *orig = x; /* flat: a Fortran-ordered array's memory as bytes */
+    PyObject *flat = NULL; /* a Fortran-ordered array's memory as bytes */
     PyObject *lock = NULL, *seen = NULL, *nobj = NULL, *dg = NULL, *digest = NULL, *key = NULL;
     PyObject *name = NULL, *nb = NULL, *pk = NULL, *res = NULL, *out = NULL;
     Py_buffer nbuf = {0};
@@ -1942,7 +1980,7 @@ static PyObject *dump_fast(PyObject *x, PyObject *header, Py_ssize_t opi, int64_
         x = flat;
     }
     if (nbytes >= 64) {
-        PyObject *memo = dmemo_get(orig); /* taken with its statistics (smemo_find) */
+        PyObject *memo = dmemo_get(src); /* taken with its statistics (smemo_mem) */
         digest = memo ? Py_NewRef(memo) : PyObject_CallOneArg(dg, x);
         if (!digest) PyErr_Clear(); /* no buffer: not deduplicated, as Python's digest */
         else if (digest != Py_None && !(key = PyTuple_Pack(2, digest, header))) goto python;
@@ -2141,7 +2179,7 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
             PyObject *th;
             if ((mem = tensor_dump_mem(x, &th))) Py_SETREF(o_head, th);
         }
-        if (o_head) res = dump_fast(mem ? mem : x, o_head, opi, seq, kind, idx, &done);
+        if (o_head) res = dump_fast(mem ? mem : x, x, o_head, opi, seq, kind, idx, &done);
         if (mem) {
             Py_DECREF(mem);
             if (!done) Py_SETREF(o_head, Py_NewRef(Py_None)); /* Python reads the tensor */

@@ -386,8 +386,32 @@ np.negative(np.ascontiguousarray(f.T))
 """
 
 
+TORCH_MEMO_PROG = """
+import torch
+g = torch.Generator().manual_seed(2)
+w = torch.randn(64, 48, generator=g)
+x = torch.randn(32, 64, generator=g)
+for step in range(3):
+    h = torch.mm(x, w)
+    r = torch.relu(h)
+    w.sub_(0.1 * torch.mm(x.t(), r))
+big = torch.arange(2048, dtype=torch.float64)
+torch.neg(big)
+torch.neg(big.view(torch.int64))                  # the same bytes, another dtype
+torch.neg(big.to(torch.float32).view(torch.int32))  # float32 bits as int32
+nan = big.clone()
+nan[::7] = float("nan")
+nan[3] = float("inf")
+torch.neg(nan)
+torch.neg(nan.clone())
+torch.neg(big.to(torch.bfloat16))
+torch.neg(big.to(torch.bfloat16).view(torch.float16))  # the same bytes as float16
+"""
+
+
 @pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
-def test_statistics_kept_by_content_are_the_contents_statistics(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prog", ["numpy", "torch"])
+def test_statistics_kept_by_content_are_the_contents_statistics(tmp_path: Path, prog: str) -> None:
     """In dump mode the native core takes the statistics of a content seen before (same
     digest and dtype) from its table instead of reading the array again. Every statistic must
     be, to the last bit, the one it computes for that array without the table: across repeated
@@ -395,14 +419,17 @@ def test_statistics_kept_by_content_are_the_contents_statistics(tmp_path: Path) 
     bytes, NaN and inf. The table is used where the core makes the dumps itself
     (PPROBE_DUMP_FULL=wait, the default); with skip, Python makes them and every array's
     statistics are computed (still in C)."""
-    got = {}
+    if prog == "torch":
+        pytest.importorskip("torch")
+    got, links = {}, {}
     for full in ("wait", "skip"):
-        r = run_script(tmp_path / full, MEMO_PROG,
+        r = run_script(tmp_path / full, MEMO_PROG if prog == "numpy" else TORCH_MEMO_PROG,
                        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump",
                             "PPROBE_DUMP_FULL": full}).check()  # fmt: skip
         m = meta(r.run_dir)
         assert m["core"]["engine"] == "native" and not m["errors"], r.err
         assert m["dumps"]["skipped"] == 0
+        links[full] = m["dumps"]["links"]  # the kept digests are the dumps' digests
         cols = ("role", "idx", "shape", "dtype", "min", "max", "mean", "std", "nan_count",
                 "inf_count", "note")  # fmt: skip
         got[full] = [
@@ -411,7 +438,21 @@ def test_statistics_kept_by_content_are_the_contents_statistics(tmp_path: Path) 
             for t in tensors(r.run_dir, f"seq = {o['seq']}")
         ]
     assert got["wait"] == got["skip"]
+    assert links["wait"] == links["skip"] > 0
     rows = got["wait"]
+    if prog == "torch":
+        negs = [t for t in rows if t[0] == "torch.neg" and t[1] == "input"]
+        assert len(negs) == 7
+        assert len({t[5:11] for t in negs[:3]}) == 3
+        assert negs[3][9:11] == negs[4][9:11] == (293, 1)
+        assert negs[5][5:11] != negs[6][5:11]
+        mms = [
+            t
+            for t in rows
+            if t[0] in ("torch.mm", "torch.spmm") and t[1] == "input" and t[3] == [64, 48]
+        ]
+        assert len({t[5:9] for t in mms}) == 3
+        return
     assert len(rows) > 40
     negs = [t for t in rows if t[0] == "numpy.negative" and t[1] == "input"]
     assert len(negs) == 9
