@@ -1455,6 +1455,65 @@ static PyObject *untrack_sample(PyObject *self, PyObject *e) {
     Py_RETURN_NONE;
 }
 
+/* A row's args tuple waits in the buffer for the writer's flush. Made anew for every call,
+ * these tuples (and their pairs) raise the collector's count of new objects until a young
+ * collection runs, and their release after it cannot lower the count again: a program that
+ * allocates nothing per iteration (a SciPy loop) would see young collections only because of
+ * the probe, each moving the program's own pending objects on, until a full collection (~50
+ * ms on the SciPy loop) comes due in the middle of its loop. So an args tuple made only of
+ * atomic values (str, int, float, bool, None, bytes and tuples of them) is shared between the
+ * rows that have it: the first is kept in g_args_intern, and a later equal one, the same in
+ * every type and every float's bits (1 == 1.0 == True, 0.0 == -0.0 in Python: these must not
+ * meet), is released at once for it. Bounded: cleared at 4096 entries. */
+static PyObject *g_args_intern = NULL; /* dict: args tuple -> itself */
+
+static int args_atomic(PyObject *o, int depth) {
+    if (o == Py_None || PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyBool_Check(o) ||
+        PyFloat_CheckExact(o) || PyBytes_CheckExact(o))
+        return 1;
+    if (!PyTuple_CheckExact(o) || depth >= 4) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(o); i++)
+        if (!args_atomic(PyTuple_GET_ITEM(o, i), depth + 1)) return 0;
+    return 1;
+}
+
+static int args_same(PyObject *a, PyObject *b) {
+    if (Py_TYPE(a) != Py_TYPE(b)) return 0;
+    if (PyFloat_CheckExact(a)) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return memcmp(&x, &y, sizeof x) == 0;
+    }
+    if (PyTuple_CheckExact(a)) {
+        Py_ssize_t n = PyTuple_GET_SIZE(a);
+        if (n != PyTuple_GET_SIZE(b)) return 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!args_same(PyTuple_GET_ITEM(a, i), PyTuple_GET_ITEM(b, i))) return 0;
+    }
+    return 1;
+}
+
+/* t (stolen) or the equal args tuple kept before (a new reference) */
+static PyObject *args_interned(PyObject *t) {
+    if (!args_atomic(t, 0)) return t;
+    if (!g_args_intern && !(g_args_intern = PyDict_New())) {
+        PyErr_Clear();
+        return t;
+    }
+    PyObject *c = PyDict_GetItemWithError(g_args_intern, t); /* borrowed */
+    if (c) {
+        if (!args_same(c, t)) return t;
+        Py_DECREF(t);
+        return Py_NewRef(c);
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return t;
+    }
+    if (PyDict_GET_SIZE(g_args_intern) >= 4096) PyDict_Clear(g_args_intern);
+    if (PyDict_SetItem(g_args_intern, t, t) < 0) PyErr_Clear();
+    return t;
+}
+
 /* Add an (idx, value) pair to the args; a cached small int becomes (None, "idx=v"). */
 static int add_pair(Descs *ds, PyObject *idx, PyObject *v) {
     if (!ds->pairs) {
@@ -2501,6 +2560,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
         PyObject *t = PyList_AsTuple(ds.pairs);
         if (!t) goto fail_after;
         untrack_leaf_tuple(t);
+        t = args_interned(t);
         int32_t k = descs_obj(&ds, t);
         if (k < 0) goto fail_after;
         rec.args = k;
