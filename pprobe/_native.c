@@ -2042,7 +2042,13 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
         PyObject *memo = dmemo_get(src); /* taken with its statistics (smemo_mem) */
         digest = memo ? Py_NewRef(memo) : PyObject_CallOneArg(dg, x);
         if (!digest) PyErr_Clear(); /* no buffer: not deduplicated, as Python's digest */
-        else if (digest != Py_None && !(key = PyTuple_Pack(2, digest, header))) goto python;
+        else if (digest != Py_None) { /* digest + header, as Dumper._dump's key (bytes) */
+            if (!PyBytes_Check(digest)) goto python;
+            Py_ssize_t dl = PyBytes_GET_SIZE(digest), hl2 = PyBytes_GET_SIZE(header);
+            if (!(key = PyBytes_FromStringAndSize(NULL, dl + hl2))) goto python;
+            memcpy(PyBytes_AS_STRING(key), PyBytes_AS_STRING(digest), (size_t)dl);
+            memcpy(PyBytes_AS_STRING(key) + dl, PyBytes_AS_STRING(header), (size_t)hl2);
+        }
     }
     long long total = PyBytes_GET_SIZE(header) + nbytes;
     if (!(pk = PyObject_GetAttr(d, str_pack))) goto python;

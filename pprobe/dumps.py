@@ -583,7 +583,7 @@ class Dumper:
 
     def _reset(self) -> None:
         self._n = array("q", [0] * 6)  # the _Count attributes
-        self.seen: dict[Any, str] = {}  # (content hash, header) -> the first file's name
+        self.seen: dict[Any, str] = {}  # content hash + header (bytes) -> the first file's name
         self._headers: dict[Any, bytes] = {}
 
     def after_fork(self) -> None:
@@ -749,7 +749,9 @@ class Dumper:
             self.digest, self.content_hash, self.c_digest = _content_hash(self.io)
         nbytes = a.nbytes
         digest = self.digest(a) if nbytes >= 64 else None
-        key = (digest, header) if digest is not None else None
+        # bytes, not a tuple: a key lives in ``seen`` (up to 65,536 of them) and a tuple would
+        # feed the collector's young count with every new content (bytes are not tracked)
+        key = digest + header if digest is not None else None
         total = len(header) + nbytes
         ring = self.ring
         held = False
