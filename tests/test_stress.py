@@ -148,10 +148,20 @@ def c_casting_error(rng):
     return np.add(x, 1.5, out=x)  # an int64 out cannot take float64: a TypeError subclass
 
 
+def c_seen_contents(rng):
+    # 4 KiB and more, few distinct contents: in dump mode every thread meets contents seen
+    # before (links, statistics from the native core's table), also while another thread
+    # changes its own array in place
+    a = np.full((rng.randint(8, 12), 64), float(rng.randint(0, 2)))
+    b = np.negative(a)
+    b += a.T.T
+    return np.sum(np.maximum(a, b).T, axis=0)
+
+
 CALLS = [
     c_add, c_multiply_out, c_sqrt_negative, c_operators, c_matmul, c_methods,
     c_ufunc_methods, c_dispatchers, c_python_functions, c_broadcast_error, c_reshape_error,
-    c_casting_error,
+    c_casting_error, c_seen_contents,
 ]  # fmt: skip
 
 
