@@ -1932,7 +1932,10 @@ typedef void (*tensor_memo_fn)(int);
 static tensor_memo_fn g_tensor_memo = NULL;
 static inline void memo_arm(int on) {
     if (g_tensor_memo) g_tensor_memo(on && g_mode == 2);
-    if (tl_dm_n) dmemo_clear(); /* a phase starts, or is dumped: its digests are forgotten */
+    /* a dump-mode phase starts, or is dumped: its digests are forgotten (only dump mode
+     * keeps any, and clears what an earlier one left at its first phase: log and stats
+     * modes read no thread-local here) */
+    if (g_mode == 2 && tl_dm_n) dmemo_clear();
 }
 static Map2 g_tensor_heads;               /* NumPy type string (str) -> a = its header's start */
 /* this process's pid in dump names (0: not read yet; a forked child reads its own) */
