@@ -650,8 +650,8 @@ class Dumper:
                 return True
             except FileExistsError:
                 return False
-            except OSError:  # no hard links here (EPERM, EMLINK, ENOTSUP...): files from now
-                self._token = ""
+            except (OSError, NotImplementedError):  # no hard links here (EPERM, EMLINK,
+                self._token = ""  # ENOTSUP...; no linkat without following): files from now
         try:
             os.close(os.open(path, flags, 0o600))
         except FileExistsError:
