@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 11
+#define PPROBE_NATIVE_API 12
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -4099,6 +4099,58 @@ fail:
     return NULL;
 }
 
+/* arg_texts(sets, cache) -> (texts, misses): the args column's texts of the sets of (name,
+   value) pairs that the writer has met before as these very objects (pprobe.writer._args).
+   The core shares one args tuple between the rows whose args are the same in every type and
+   bit (args_interned), so most rows' sets are objects seen in an earlier row. cache maps
+   id(set) to (set, text); holding the set keeps its id from being reused. texts has that
+   text, or None, per set; misses lists the positions of the Nones, for the writer to make
+   (by value) and add. No key tuple is built and nothing is hashed but the id. */
+static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "arg_texts(sets: list, cache: dict)");
+        return NULL;
+    }
+    PyObject *sets = args[0], *cache = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(sets);
+    PyObject *texts = PyList_New(n), *misses = PyList_New(0), *out = NULL;
+    if (!texts || !misses) goto done;
+    PyObject *prev = NULL, *prev_text = NULL; /* (borrowed: the cache holds them) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyList_GET_ITEM(sets, i), *text = NULL;
+        if (p == prev) {
+            text = prev_text;
+        } else {
+            PyObject *key = PyLong_FromVoidPtr(p);
+            if (!key) goto done;
+            PyObject *e = PyDict_GetItemWithError(cache, key); /* borrowed */
+            Py_DECREF(key);
+            if (e && PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 2 &&
+                PyTuple_GET_ITEM(e, 0) == p) {
+                text = PyTuple_GET_ITEM(e, 1);
+                prev = p;
+                prev_text = text;
+            } else if (PyErr_Occurred()) {
+                goto done;
+            }
+        }
+        if (!text) {
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (!at) goto done;
+            int r = PyList_Append(misses, at);
+            Py_DECREF(at);
+            if (r < 0) goto done;
+            text = Py_None;
+        }
+        PyList_SET_ITEM(texts, i, Py_NewRef(text));
+    }
+    out = PyTuple_Pack(2, texts, misses);
+done:
+    Py_XDECREF(texts);
+    Py_XDECREF(misses);
+    return out;
+}
+
 static PyObject *layout(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
 }
@@ -4174,6 +4226,8 @@ static PyMethodDef methods[] = {
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
+    {"arg_texts", (PyCFunction)(void (*)(void))arg_texts, METH_FASTCALL,
+     "arg_texts(sets, cache) -> (texts, misses): the texts of sets met before (writer._args)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None, one=False) -> (nulls, bitmap or None, offsets, data), or "
      "the one id of every row (with one)"},

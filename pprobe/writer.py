@@ -93,6 +93,7 @@ class Writer:
         self._sites_sids: tuple = ((), ())
         self._stacks_done = 0  # stacks (recorder.stack_inner) written to this process's shard
         self._args_cache: dict[Any, bytes] = {}
+        self._args_ids: dict[int, tuple] = {}  # id(set) -> (set, text): native.arg_texts
         self._failed_dumps: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -460,7 +461,9 @@ class Writer:
     def _args(self, np: Any, refs: Any, objs: list) -> Any:
         """The args column: each call's (name, value) pairs as text (values.arg_text),
         encoded once per distinct set of pairs (a cache of up to 65,536 sets, emptied when
-        full)."""
+        full). The native core shares one tuple between the rows whose pairs are the same
+        (its args_interned): its arg_texts finds those by the tuple's identity first, and
+        only the sets it has not met are looked up by value."""
         n = len(refs)
         if not objs:
             return A.nulls(np, A.UTF8, n)
@@ -468,6 +471,30 @@ class Writer:
         if not len(rows):
             return A.nulls(np, A.UTF8, n)
         pairs = list(map(objs.__getitem__, refs[rows].tolist()))
+        native = core.native
+        if native is None:
+            texts = self._arg_texts(pairs)
+        else:
+            by_id = self._args_ids
+            texts, misses = native.arg_texts(pairs, by_id)
+            if misses:  # each set met for the first time, once (C loops: dict, zip, map)
+                new = dict(zip(map(id, map(pairs.__getitem__, misses)),
+                               map(pairs.__getitem__, misses)))  # fmt: skip
+                sets = list(new.values())
+                if len(by_id) + len(sets) > 65536:
+                    by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
+                by_id.update(zip(new, zip(sets, self._arg_texts(sets))))
+                texts, misses = native.arg_texts(pairs, by_id)
+                for j in misses:  # (more new sets in one batch than the cache holds)
+                    texts[j] = self._arg_texts([pairs[j]])[0]
+        if len(rows) == n:
+            return _utf8(np, texts)
+        items = np.full(n, None, dtype=object)
+        items[rows] = np.fromiter(texts, dtype=object, count=len(texts))
+        return _utf8(np, items.tolist())
+
+    def _arg_texts(self, pairs: list) -> list:
+        """The UTF-8 text of each set of pairs, from the cache by value or made."""
         native = core.native
         # keyed by the pairs and their values' types (and a float's bits): 1.0 == True and
         # 0.0 == -0.0, but their texts differ
@@ -498,11 +525,7 @@ class Writer:
                     except TypeError:
                         pass
                 texts[j] = text
-        if len(rows) == n:
-            return _utf8(np, texts)
-        items = np.full(n, None, dtype=object)
-        items[rows] = np.fromiter(texts, dtype=object, count=len(texts))
-        return _utf8(np, items.tolist())
+        return texts
 
     def _stacks_batch(self) -> Any:
         """The stacks interned since the last batch (recorder.stack_*), one row per frame,

@@ -112,6 +112,7 @@ def test_utf8_column_refuses_what_it_cannot_encode() -> None:
 def _writer() -> writer.Writer:
     w = writer.Writer.__new__(writer.Writer)
     w._args_cache = {}
+    w._args_ids = {}
     return w
 
 
@@ -162,7 +163,39 @@ def test_the_args_cache_starts_over_when_full(engine: str, monkeypatch: pytest.M
     got += _args(w, calls[40_000:])
     assert got == [_text(c) for c in calls]
     assert len(w._args_cache) <= 65_536
+    assert len(w._args_ids) <= 65_536
     assert _args(w, [calls[-1], calls[0]]) == [_text(calls[-1]), _text(calls[0])]
+
+
+@pytest.mark.skipif(core.native is None, reason="the native core is not built")
+def test_arg_texts_finds_sets_by_identity_only() -> None:
+    """native.arg_texts gives the text of a set met before as that very object (the core
+    shares one tuple between rows with the same args); an equal set that is another object
+    is a miss, whatever its text would be, and so is one whose cache entry names another."""
+    fn = core.native.arg_texts  # type: ignore[union-attr]
+    a, t = (("x", 1.0),), (("x", True),)  # equal, hash alike, print differently
+    a2 = tuple([("x", 1.0)])  # equal to a, another object
+    assert a2 == a and a2 is not a
+    cache: dict = {}
+    assert fn([a, t, a], cache) == ([None, None, None], [0, 1, 2])
+    cache[id(a)] = (a, b"x=1.0")
+    texts, misses = fn([a, t, a, a, a2, t], cache)
+    assert texts == [b"x=1.0", None, b"x=1.0", b"x=1.0", None, None]
+    assert misses == [1, 4, 5]
+    cache[id(t)] = (a, b"stale")  # an entry under t's id that holds another set
+    assert fn([t], cache) == ([None], [0])
+    with pytest.raises(TypeError):
+        fn((a,), cache)
+
+
+def test_args_of_sets_shared_between_rows_across_batches(engine: str) -> None:
+    """The same set objects in several batches (as the native core's shared tuples are):
+    each row keeps its own text, from the identity cache (native) or by value."""
+    a, b, t = (("x", 1.0),), (("axis", 0), ("keepdims", True)), (("x", True),)
+    w = _writer()
+    for calls in ([a, b, t, a], [t, t, a, None, b], [a2 := tuple(list(a)), a, t]):
+        assert _args(w, calls) == [None if c is None else _text(c) for c in calls]
+    assert a2 == a
 
 
 def test_write_all_v_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
