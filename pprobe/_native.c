@@ -39,7 +39,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 12
+#define PPROBE_NATIVE_API 13
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -4151,6 +4151,71 @@ done:
     return out;
 }
 
+/* shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None: the shape
+   column (list<int64>) of desc records whose shapes are all inline (pprobe.writer._shapes):
+   records of size bytes, each with an int32 ndim at ndim_at and MAX_INLINE_DIMS int64
+   dimensions from dims_at; offsets are int32 (one more than the records), values each
+   record's first ndim dimensions. None where a record's ndim is not within 0 and
+   MAX_INLINE_DIMS (a deep shape: the writer's NumPy path). Its twin: NumPy's mask of the
+   (records, MAX_INLINE_DIMS) view. */
+static PyObject *shape_lists(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t at[3];
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "shape_lists(records, size, ndim_at, dims_at)");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++) {
+        at[i] = PyLong_AsSsize_t(args[i + 1]);
+        if (at[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_ssize_t size = at[0], ndim_at = at[1], dims_at = at[2];
+    if (size <= 0 || ndim_at < 0 || ndim_at + 4 > size || dims_at < 0 ||
+        dims_at + 8 * MAX_INLINE_DIMS > size) {
+        PyErr_SetString(PyExc_ValueError, "shape_lists: fields outside the record");
+        return NULL;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(args[0], &b, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = b.len / size;
+    const char *recs = (const char *)b.buf;
+    PyObject *offsets = NULL, *values = NULL, *out = NULL;
+    int64_t total = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int32_t nd;
+        memcpy(&nd, recs + k * size + ndim_at, 4);
+        if (nd < 0 || nd > MAX_INLINE_DIMS) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        total += nd;
+    }
+    if (total >= ((int64_t)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "a shape column of 2**31 values or more in one batch");
+        goto done;
+    }
+    offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    values = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total * 8);
+    if (!offsets || !values) goto done;
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *v = PyBytes_AS_STRING(values);
+    int32_t pos = 0;
+    off[0] = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        const char *r = recs + k * size;
+        int32_t nd;
+        memcpy(&nd, r + ndim_at, 4);
+        memcpy(v + 8 * (size_t)pos, r + dims_at, 8 * (size_t)nd);
+        pos += nd;
+        off[k + 1] = pos;
+    }
+    out = PyTuple_Pack(2, offsets, values);
+done:
+    PyBuffer_Release(&b);
+    Py_XDECREF(offsets);
+    Py_XDECREF(values);
+    return out;
+}
+
 static PyObject *layout(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
 }
@@ -4226,6 +4291,8 @@ static PyMethodDef methods[] = {
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
+    {"shape_lists", (PyCFunction)(void (*)(void))shape_lists, METH_FASTCALL,
+     "shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None"},
     {"arg_texts", (PyCFunction)(void (*)(void))arg_texts, METH_FASTCALL,
      "arg_texts(sets, cache) -> (texts, misses): the texts of sets met before (writer._args)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,

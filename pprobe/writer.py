@@ -758,7 +758,9 @@ def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
 
 def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
     """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
-    records.MAX_INLINE_DIMS (values.pack_shape)."""
+    records.MAX_INLINE_DIMS (values.pack_shape). Ranks that differ within the batch, all
+    inline: the native core's shape_lists (one pass in C), or its twin, NumPy's mask of the
+    (records, MAX_INLINE_DIMS) view (~0.04 us a record more)."""
     m = len(ds)
     ndim = ds["ndim"].astype(np.int64)
     k = records.MAX_INLINE_DIMS
@@ -773,6 +775,12 @@ def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
         nd = int(ndim[0])
         offsets = np.arange(m + 1, dtype=np.int32) * np.int32(nd)
         return A.int64_lists(np, offsets, dims[:, :nd].reshape(-1))
+    native = core.native
+    got = None if native is None or not m else native.shape_lists(
+        ds, ds.dtype.itemsize, ds.dtype.fields["ndim"][1], ds.dtype.fields["d0"][1])  # fmt: skip
+    if got is not None:  # (None: a deep shape in the batch)
+        return A.int64_lists(np, np.frombuffer(got[0], dtype=np.int32),
+                             np.frombuffer(got[1], dtype=np.int64))  # fmt: skip
     if deep.any():
         pieces = []
         refs = ds["shape_ref"]

@@ -171,6 +171,48 @@ def test_records_round_trip_to_arrow(buf: object, tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+SHAPES = [(), (5,), (2, 3), (1, 1, 1, 1, 1, 1, 1, 1), (4, 0, 7), (9,), (2**40, 3)]
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+@pytest.mark.parametrize("deep", [False, True], ids=["inline", "deep"])
+def test_the_shape_column_of_mixed_ranks(
+    engine: str, deep: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of tensors of several ranks (0 to MAX_INLINE_DIMS, a zero and a big
+    dimension), and with a deeper shape among them: the native core's shape_lists, or its
+    NumPy twin (and the NumPy path wherever a shape is deep)."""
+    from pprobe import recorder, state
+    from pprobe.writer import Writer
+
+    if engine == "native" and core.native is None:
+        pytest.skip("the native core is not built")
+    if engine == "python":
+        monkeypatch.setattr(core, "native", None)
+    shapes = SHAPES + [tuple(range(1, 12))] if deep else SHAPES
+    shapes = shapes * 3
+    while len(recorder.ops_by_index) < 8:
+        recorder.op(f"test.op{len(recorder.ops_by_index)}", "function", "numpy")
+    buf = records.Buffer()
+    for i, sh in enumerate(shapes):
+        d = ("input", "0", struct.pack(f"{len(sh)}q", *sh), "float32", "cpu", None, None,
+             None, None)  # fmt: skip
+        buf.append(*records.encode_row(i, 7, 0, 1, 11, 0, 0, -1, -1, "ok", None, None, [d], []))
+    heads, descs, objs, n = buf.take()
+    if engine == "native":  # the C path runs (inline), or declines (deep)
+        _, desc_dt = records.numpy_dtypes()
+        got = core.native.shape_lists(  # type: ignore[union-attr]
+            descs, desc_dt.itemsize, desc_dt.fields["ndim"][1], desc_dt.fields["d0"][1]
+        )
+        assert (got is None) == deep
+    w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
+    with state.internal():
+        _, t = w._to_batches(heads, descs, objs, n)
+    from pprobe.arrowipc import to_pyarrow
+
+    assert [tuple(r["shape"]) for r in to_pyarrow(t).to_pylist()] == shapes
+
+
 def test_record_sizes_match_the_native_core() -> None:
     op_dt, desc_dt = records.numpy_dtypes()
     assert (op_dt.itemsize, desc_dt.itemsize) == (records.OP_SIZE, records.DESC_SIZE) == (80, 160)
