@@ -801,19 +801,17 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
                 descs.append(pre + rest)
                 mo = loc.module
                 ph = loc.phase or _phase_default
-                row = (
-                    _pack_op(seq, t0, t1, loc.serial, state.step, parent, op.index, s, 0, _S_OK,
-                             -1 if mo is None else _sid_get(mo) or _sid(mo),
-                             -1 if ph is None else _sid_get(ph) or _sid(ph), len(descs), -1),
-                    b"".join(descs),
-                    None,
-                )  # fmt: skip
+                head = _pack_op(seq, t0, t1, loc.serial, state.step, parent, op.index, s, 0,
+                                _S_OK, -1 if mo is None else _sid_get(mo) or _sid(mo),
+                                -1 if ph is None else _sid_get(ph) or _sid(ph), len(descs),
+                                -1)  # fmt: skip
                 b = buffer  # Buffer.append, inlined while the buffer has room
                 q = b.queue
                 if b.max_rows and len(q) >= b.max_rows:
-                    b.append(*row)
-                else:
-                    q.append(row)
+                    b.append(head, b"".join(descs), None)
+                else:  # one bytes, the op record first (records.Buffer)
+                    descs.insert(0, head)
+                    q.append(b"".join(descs))
                 if not seq & 1023 and len(q) >= _flush_rows and _wake is not None:
                     _wake()
                 loc.depth = 0

@@ -21,6 +21,7 @@ shared, refcounted objects, and NumPy's own tests count their references around 
 
 from __future__ import annotations
 
+import operator
 import struct
 import threading
 import time
@@ -223,9 +224,19 @@ def encode_row(
 FULL_WAIT_MAX_S = 60.0  # a recording thread waits at most this long for room, then drops
 
 
+_HEAD = operator.itemgetter(slice(0, OP_SIZE))
+_TAIL = operator.itemgetter(slice(OP_SIZE, None))
+
+
 class Buffer:
     """Rows waiting for the writer (the Python engine's; the native core has its own with the
-    same methods). ``deque.append``/``popleft`` are atomic: threads never lose a row."""
+    same methods). ``deque.append``/``popleft`` are atomic: threads never lose a row.
+
+    A row without objects is one ``bytes``, its op record then its desc records; a row with
+    objects is a tuple (op record, desc records, objects). Bytes are not tracked by Python's
+    cyclic collector: a tuple held until the writer's flush raised the collector's count of
+    young objects by one a row, so a loop that allocates nothing of its own ran young
+    collections (and, its rows promoted, full ones) only because of the probe."""
 
     def __init__(self) -> None:
         self._q: deque = deque()
@@ -256,7 +267,7 @@ class Buffer:
         q = self._q
         if self.max_rows and len(q) >= self.max_rows and not self._full():
             return
-        q.append((head, descs, objs))
+        q.append(head + descs if objs is None else (head, descs, objs))
 
     def _full(self) -> bool:
         """The buffer is full: True when there is room now, False: drop this row."""
@@ -294,6 +305,9 @@ class Buffer:
         if not n:
             return b"", b"", [], 0
         rows = [q.popleft() for _ in range(n)]
+        if tuple not in set(map(type, rows)):  # no objects: C loops only
+            return b"".join(map(_HEAD, rows)), b"".join(map(_TAIL, rows)), [], n
+        rows = [(r[:OP_SIZE], r[OP_SIZE:], None) if r.__class__ is bytes else r for r in rows]
         heads = b"".join([r[0] for r in rows])
         descs = b"".join([r[1] for r in rows])
         objs: list = []
