@@ -144,3 +144,31 @@ def test_pack_writer_cost_measures_this_tree_against_a_base(
     assert all(x > 0 for x in got["rounds"]["this"] + got["rounds"]["base"])
     assert got["ratio"] == got["this"] / got["base"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("pprobe-packw-")]
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_writer_parts_reports_each_part_of_the_writer(
+    engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench/writer_parts.py: the child meters every helper it names (a renamed helper fails
+    here, not silently in a measurement) and the parts nest within the flush."""
+    from pprobe import core
+
+    if engine == "native" and core.native is None:
+        pytest.skip("the native core is not built")
+    import json
+
+    from bench import writer_parts
+
+    out = tmp_path / "p.json"
+    rc = writer_parts.main(["--rounds", "1", "--workload", "numpy", "--iters", "3000",
+                            "--engine", engine, "--json", str(out)])  # fmt: skip
+    assert rc == 0, capsys.readouterr().out
+    (runs,) = json.loads(out.read_text()).values()
+    (run,) = runs
+    assert run["rows"] >= 3000
+    parts = run["us_per_row"]
+    assert set(parts) == set(writer_parts.PARTS), parts  # each helper ran, and was metered
+    assert parts["flush"] > 0 and parts["to_batches"] > 0 and parts["write"] > 0, parts
+    assert parts["flush"] >= max(v for k, v in parts.items() if k != "flush")
+    assert parts["to_batches"] >= parts["gather"] + parts["shapes"] + parts["args"]

@@ -1,0 +1,141 @@
+"""The log writer's CPU per op row, part by part, on a program's rows (issue #9: the writer's
+CPU per row <= 1 us).
+
+python -m bench.writer_parts [--rounds 8] [--workload scipy|numpy] [--iters N]
+                             [--tree DIR ...] [--engine native|python] [--json FILE]
+
+Each measure is a child process run through the bootstrap of a pprobe tree (``--tree``,
+default this checkout; give another checkout with its extensions built in place, e.g. an
+earlier commit's ``git worktree``, to compare before and after) in log mode. The child wraps
+the writer's flush and its helpers (``Writer._to_batches``, ``_args``, ``_shapes``,
+``_Strings.gather``, ``_op_table``, ``_site_table``, ``_stacks_batch``, ``_write``) and sums
+the calling thread's CPU clock (``time.thread_time``) spent in each, then divides by the op
+rows written. The flushes run as in a real run (``PPROBE_FLUSH_SECONDS`` at its default,
+batches of ``PPROBE_FLUSH_ROWS``), beside the program's thread.
+
+Workloads: ``scipy``, the SciPy loop of ``python -m bench`` (``scipy.linalg.solve`` and
+``scipy.signal.lfilter``: rows with arguments, several ranks, ~25 op rows an iteration);
+``numpy``, ``np.add`` on 10 elements (one op, every column constant in a batch). Trees are
+interleaved round by round; the figures are medians over the rounds. Parts nest
+(``_to_batches`` holds ``_args``, ``_shapes``, ``gather``...; ``flush`` holds all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import collections, json, sys, time
+from pprobe.session import Session
+from pprobe import writer as W
+
+w = Session.active.writer
+acc = collections.Counter()
+
+
+def wrap(obj, name, label):
+    f = getattr(obj, name)
+
+    def g(*a, **k):
+        c = time.thread_time()
+        try:
+            return f(*a, **k)
+        finally:
+            acc[label] += time.thread_time() - c
+
+    setattr(obj, name, g)
+
+
+for obj, name in ((W.Writer, "_flush"), (W.Writer, "_to_batches"), (W.Writer, "_args"),
+                  (W, "_shapes"), (W._Strings, "gather"), (W.Writer, "_op_table"),
+                  (W.Writer, "_site_table"), (W.Writer, "_stacks_batch"),
+                  (W.Writer, "_write")):
+    wrap(obj, name, name.lstrip("_"))
+workload, iters = sys.argv[1], int(sys.argv[2])
+import numpy as np
+
+if workload == "scipy":
+    import scipy.linalg, scipy.signal
+
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((64, 64)) + 64 * np.eye(64)
+    rhs, sig = rng.standard_normal(64), rng.standard_normal(1024)
+    bc, ac = scipy.signal.butter(4, 0.2)
+    for _ in range(iters):
+        scipy.linalg.solve(A, rhs)
+        scipy.signal.lfilter(bc, ac, sig)
+else:
+    a, b = np.arange(10.0), np.ones(10)
+    for _ in range(iters):
+        np.add(a, b)
+w.flush()
+n = w.rows_written
+print("RESULT " + json.dumps({"rows": n, "us_per_row": {k: v / n * 1e6 for k, v in acc.items()}}))
+"""
+
+PARTS = ("flush", "to_batches", "args", "shapes", "gather", "op_table", "site_table",
+         "stacks_batch", "write")  # fmt: skip
+
+
+def measure(tree: str, workload: str, iters: int, engine: str, out: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PPROBE")}
+    env.update(PYTHONPATH=os.pathsep.join([os.path.join(tree, "bootstrap"), tree]),
+               PPROBE_MODE="log", PPROBE_OUTPUT=out, PPROBE_SUMMARY_LINE="off",
+               PPROBE_CORE=engine, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               OPENBLAS_NUM_THREADS="1")  # fmt: skip
+    p = subprocess.run([sys.executable, "-c", CHILD, workload, str(iters)], env=env,
+                       capture_output=True, text=True, check=True)  # fmt: skip
+    line = next(x for x in p.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])  # type: ignore[no-any-return]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.writer_parts", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--workload", choices=("scipy", "numpy"), default="scipy")
+    p.add_argument("--iters", type=int, help="default: 4,050 (scipy), 300,000 (numpy)")
+    p.add_argument("--tree", action="append", help="a pprobe checkout (default: this one)")
+    p.add_argument("--engine", choices=("native", "python"), default="native")
+    p.add_argument("--json", help="write every run's figures to this file")
+    a = p.parse_args(argv)
+    from .harness import median
+
+    iters = a.iters or (4050 if a.workload == "scipy" else 300_000)
+    trees = a.tree or [str(REPO)]
+    runs: dict[str, list[dict]] = {t: [] for t in trees}
+    out = tempfile.mkdtemp(prefix="pprobe-writer-parts-")
+    try:
+        for r in range(a.rounds):
+            k = r % len(trees)
+            for t in trees[k:] + trees[:k]:
+                runs[t].append(measure(t, a.workload, iters, a.engine, out))
+                shutil.rmtree(out, ignore_errors=True)
+                os.makedirs(out, exist_ok=True)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print(f"load average: {os.getloadavg()}, {a.workload}, {iters} iterations, {a.engine} engine")
+    print("writer CPU per op row (us), median of the rounds")
+    print("tree | op rows | " + " | ".join(PARTS))
+    for t, rs in runs.items():
+        cells = [format(median([x["us_per_row"].get(part, 0.0) for x in rs]), ".3f")
+                 for part in PARTS]  # fmt: skip
+        print(f"{t} | {median([x['rows'] for x in rs]):.0f} | " + " | ".join(cells))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(runs, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
