@@ -372,6 +372,26 @@ def interleave(
     return res
 
 
+def rotate_rounds(
+    keys: list[Any], rounds: int, run: Callable[[Any, str], Any], prefix: str
+) -> dict[Any, list[Any]]:
+    """``run(key, out)`` for every key, ``rounds`` times, one of each per round in an order
+    that rotates round by round (drift cancels within a round), each with ``out`` an empty
+    scratch folder (made with ``prefix``, removed at the end). Returns the results by key."""
+    runs: dict[Any, list[Any]] = {k: [] for k in keys}
+    out = tempfile.mkdtemp(prefix=prefix)
+    try:
+        for r in range(rounds):
+            j = r % len(keys)
+            for key in keys[j:] + keys[:j]:
+                runs[key].append(run(key, out))
+                shutil.rmtree(out, ignore_errors=True)
+                os.makedirs(out, exist_ok=True)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    return runs
+
+
 def median(xs: Iterable[float]) -> float:
     s = sorted(xs)
     n = len(s)

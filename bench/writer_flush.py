@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,24 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", help="write every run's figures to this file")
     a = p.parse_args(argv)
-    from .harness import median, paired_ci, paired_delta
+    from .harness import median, paired_ci, paired_delta, rotate_rounds
 
     trees = a.tree or [str(REPO)]
     writers = a.writer or ["auto", "pyarrow"]
     variants = [(t, w) for t in trees for w in writers]
     if a.variant:
         variants = [tuple(v.rsplit(",", 1)) for v in a.variant]  # type: ignore[misc]
-    runs: dict[tuple[str, str], list[dict]] = {v: [] for v in variants}
-    out = tempfile.mkdtemp(prefix="pprobe-writer-flush-")
-    try:
-        for r in range(a.rounds):
-            k = r % len(variants)
-            for v in variants[k:] + variants[:k]:
-                runs[v].append(measure(v[0], v[1], a.steps, out, a.flush_seconds))
-                shutil.rmtree(out, ignore_errors=True)
-                os.makedirs(out, exist_ok=True)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    runs = rotate_rounds(variants, a.rounds,
+                         lambda v, out: measure(v[0], v[1], a.steps, out, a.flush_seconds),
+                         "pprobe-writer-flush-")  # fmt: skip
     print(f"load average: {os.getloadavg()}, PPROBE_FLUSH_SECONDS={a.flush_seconds}")
     print("tree | writer | first flush ms | later us/row | loop+finish CPU s | log bytes | pyarrow")
 

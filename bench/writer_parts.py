@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,21 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("native", "python"), default="native")
     p.add_argument("--json", help="write every run's figures to this file")
     a = p.parse_args(argv)
-    from .harness import median
+    from .harness import median, rotate_rounds
 
     iters = a.iters or (4050 if a.workload == "scipy" else 300_000)
     trees = a.tree or [str(REPO)]
-    runs: dict[str, list[dict]] = {t: [] for t in trees}
-    out = tempfile.mkdtemp(prefix="pprobe-writer-parts-")
-    try:
-        for r in range(a.rounds):
-            k = r % len(trees)
-            for t in trees[k:] + trees[:k]:
-                runs[t].append(measure(t, a.workload, iters, a.engine, out))
-                shutil.rmtree(out, ignore_errors=True)
-                os.makedirs(out, exist_ok=True)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    runs = rotate_rounds(trees, a.rounds,
+                         lambda t, out: measure(t, a.workload, iters, a.engine, out),
+                         "pprobe-writer-parts-")  # fmt: skip
     print(f"load average: {os.getloadavg()}, {a.workload}, {iters} iterations, {a.engine} engine")
     print("writer CPU per op row (us), median of the rounds")
     print("tree | op rows | " + " | ".join(PARTS))
