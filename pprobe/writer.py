@@ -478,15 +478,13 @@ class Writer:
             by_id = self._args_ids
             texts, misses = native.arg_texts(pairs, by_id)
             if misses:  # each set met for the first time, once (C loops: dict, zip, map)
-                new = dict(zip(map(id, map(pairs.__getitem__, misses)),
-                               map(pairs.__getitem__, misses)))  # fmt: skip
+                met = list(map(pairs.__getitem__, misses))
+                new = dict(zip(map(id, met), met))
                 sets = list(new.values())
-                if len(by_id) + len(sets) > 65536:
-                    by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
                 by_id.update(zip(new, zip(sets, self._arg_texts(sets))))
-                texts, misses = native.arg_texts(pairs, by_id)
-                for j in misses:  # (more new sets in one batch than the cache holds)
-                    texts[j] = self._arg_texts([pairs[j]])[0]
+                texts, _ = native.arg_texts(pairs, by_id)  # every set is in the cache now
+                if len(by_id) > 65536:
+                    by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
         if len(rows) == n:
             return _utf8(np, texts)
         items = np.full(n, None, dtype=object)
