@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 7
+#define DUMPIO_API 8
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -37,6 +37,9 @@ typedef struct Job {
     size_t len;
     int pack;    /* append to this process's pack (pprobe/packs.py) instead of a file */
     int err;     /* the worker's outcome: 0 or an errno */
+    int has_dg;  /* dg is the XXH3-128 digest of data[hlen..len): a version 2 pack entry */
+    uint32_t hlen;
+    unsigned char dg[16];
 } Job;
 
 typedef struct Failure {
@@ -61,8 +64,12 @@ static Failure *failures = NULL;
 /* ------------------------------------------------------------------ packs (pprobe/packs.py)
  * Small dumps are appended to <run>/.packs/{host}-{pid}-{k}.npk, one entry each: a 24-byte
  * header (b"PPKE", version 1, kind 0 data / 1 alias, u16 name length, u64 payload length,
- * crc32 of those 16 bytes + name + payload, u32 0), the seed name, the payload. Only the
- * worker thread touches the pack. */
+ * crc32 of those 16 bytes + name + payload, u32 0), the seed name, the payload. Version 2
+ * (a job submitted with the array's XXH3-128 digest, which the program's thread took to find
+ * contents seen before): the u32 is hlen, the crc32 covers the 16 bytes, hlen, the name, the
+ * digest and the payload's first hlen bytes (the .npy header), and the digest follows the
+ * name; the array's bytes are then written without being read here first. Only the worker
+ * thread touches the pack. */
 #define PACK_MAX (1ull << 30)
 /* iovecs per writev call (IOV_MAX is 1024 on Linux) */
 #define IOV_BATCH 1024
@@ -296,19 +303,22 @@ static int pack_ready(int dfd, unsigned gen) {
     return 0;
 }
 
-/* an entry's 24-byte head (kind 0: data, 1: alias), its CRC over head, name and payload */
+/* an entry's 24-byte head (kind 0: data, 1: alias), its CRC over head, name and payload;
+ * dg (not NULL): a version 2 entry, the CRC over head, hlen, name, dg and payload[0..hlen) */
 static void entry_head(unsigned char head[24], int kind, const char *name, size_t nl,
-                       const char *payload, size_t plen) {
+                       const char *payload, size_t plen, const unsigned char *dg, uint32_t hlen) {
     memcpy(head, "PPKE", 4);
-    head[4] = 1;
+    head[4] = dg ? 2 : 1;
     head[5] = (unsigned char)kind;
     put_le(head + 6, nl, 2);
     put_le(head + 8, plen, 8);
+    put_le(head + 20, dg ? hlen : 0, 4);
     uint32_t crc = crc32_update(0, head, 16);
+    if (dg) crc = crc32_update(crc, head + 20, 4);
     crc = crc32_update(crc, (const unsigned char *)name, nl);
-    crc = crc32_update(crc, (const unsigned char *)payload, plen);
+    if (dg) crc = crc32_update(crc, dg, 16);
+    crc = crc32_update(crc, (const unsigned char *)payload, dg ? hlen : plen);
     put_le(head + 16, crc, 4);
-    put_le(head + 20, 0, 4);
 }
 
 /* writev all of iov[0..cnt) to the pack (it moves iov's bases); 0 or an errno, after which
@@ -347,15 +357,21 @@ static int pack_writev(struct iovec *iov, int cnt, size_t left) {
 /* Append one entry (kind 0: data, 1: alias) to the pack; 0 or an errno. A failed append is
  * cut off (or the pack given up) so that no partial entry precedes later ones. */
 static int append_entry(int dfd, unsigned gen, int kind, const char *name, const char *payload,
-                        size_t plen) {
+                        size_t plen, const unsigned char *dg, uint32_t hlen) {
     int err = pack_ready(dfd, gen);
     if (err) return err;
     size_t nl = strlen(name);
     unsigned char head[24];
-    entry_head(head, kind, name, nl, payload, plen);
-    struct iovec iov[3] = {{head, 24}, {(void *)name, nl}, {(void *)payload, plen}};
-    err = pack_writev(iov, plen ? 3 : 2, 24 + nl + plen);
-    if (!err) pack_size += 24 + nl + plen;
+    entry_head(head, kind, name, nl, payload, plen, dg, hlen);
+    struct iovec iov[4];
+    int cnt = 0;
+    iov[cnt++] = (struct iovec){head, 24};
+    iov[cnt++] = (struct iovec){(void *)name, nl};
+    if (dg) iov[cnt++] = (struct iovec){(void *)dg, 16};
+    if (plen) iov[cnt++] = (struct iovec){(void *)payload, plen};
+    size_t total = 24 + nl + (dg ? 16 : 0) + plen;
+    err = pack_writev(iov, cnt, total);
+    if (!err) pack_size += total;
     return err;
 }
 
@@ -367,8 +383,10 @@ static void note_pack_failure(const char *name);
 static void append_job(int dfd, unsigned gen, Job *j) {
     j->err = j->link ? (pack_entry_failed(j->link)
                             ? ENOENT
-                            : append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link)))
-                     : append_entry(dfd, gen, 0, j->name, j->data, j->len);
+                            : append_entry(dfd, gen, 1, j->name, j->link, strlen(j->link),
+                                           NULL, 0))
+                     : append_entry(dfd, gen, 0, j->name, j->data, j->len,
+                                    j->has_dg ? j->dg : NULL, j->hlen);
     if (j->err) note_pack_failure(j->name);
 }
 
@@ -380,7 +398,7 @@ static void append_job(int dfd, unsigned gen, Job *j) {
 static Job *append_group(int dfd, unsigned gen, Job *j) {
     Job *jobs[GROUP_MAX];
     unsigned char heads[GROUP_MAX][24];
-    struct iovec iov[3 * GROUP_MAX];
+    struct iovec iov[4 * GROUP_MAX];
     int n = 0, cnt = 0;
     size_t total = 0;
     int err = pack_ready(dfd, gen);
@@ -398,11 +416,13 @@ static Job *append_group(int dfd, unsigned gen, Job *j) {
             continue;
         }
         size_t nl = strlen(j->name);
-        entry_head(heads[n], j->link ? 1 : 0, j->name, nl, payload, plen);
+        const unsigned char *dg = !j->link && j->has_dg ? j->dg : NULL;
+        entry_head(heads[n], j->link ? 1 : 0, j->name, nl, payload, plen, dg, j->hlen);
         iov[cnt++] = (struct iovec){heads[n], 24};
         iov[cnt++] = (struct iovec){j->name, nl};
+        if (dg) iov[cnt++] = (struct iovec){(void *)dg, 16};
         if (plen) iov[cnt++] = (struct iovec){(void *)payload, plen};
-        total += 24 + nl + plen;
+        total += 24 + nl + (dg ? 16 : 0) + plen;
         jobs[n++] = j;
     }
     if (!n) return j;
@@ -759,19 +779,26 @@ static int gather_c(char *dst, const Py_buffer *v) {
 }
 #undef GATHER_ROW
 
-/* submit(name, header: bytes, data: buffer | None, link: str | None, wait: bool[, pack: bool])
- * -> bool; pack: append to the process's pack (data), or an alias entry there (link)
+/* submit(name, header: bytes, data: buffer | None, link: str | None, wait: bool[, pack: bool
+ * [, digest: bytes | None]]) -> bool; pack: append to the process's pack (data), or an alias
+ * entry there (link); digest: the XXH3-128 digest of data's bytes (16 bytes), which then
+ * checks its pack entry (version 2) instead of a CRC of those bytes
  * Queue one file. data's bytes are copied now (C order). False: the queue is full and
  * wait is false (nothing queued). A job larger than the queue is taken when the queue is
  * empty, so memory stays within max(queue size, one array). */
 static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    if ((n != 5 && n != 6) || !PyUnicode_Check(a[0]) || !PyBytes_Check(a[1])) {
-        PyErr_SetString(PyExc_TypeError, "submit(name, header, data, link, wait[, pack])");
+    if (n < 5 || n > 7 || !PyUnicode_Check(a[0]) || !PyBytes_Check(a[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "submit(name, header, data, link, wait[, pack[, digest]])");
+        return NULL;
+    }
+    if (n == 7 && a[6] != Py_None && !(PyBytes_Check(a[6]) && PyBytes_GET_SIZE(a[6]) == 16)) {
+        PyErr_SetString(PyExc_TypeError, "submit: digest is 16 bytes or None");
         return NULL;
     }
     int wait = PyObject_IsTrue(a[4]);
     if (wait < 0) return NULL;
-    int pack = n == 6 ? PyObject_IsTrue(a[5]) : 0;
+    int pack = n >= 6 ? PyObject_IsTrue(a[5]) : 0;
     if (pack < 0) return NULL;
     Job *j = calloc(1, sizeof(Job));
     if (!j) return PyErr_NoMemory();
@@ -804,11 +831,17 @@ static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         }
         memcpy(j->data, PyBytes_AS_STRING(a[1]), (size_t)hl);
         if (have) {
-            int rc = PyBuffer_IsContiguous(&view, 'C')
-                         ? (memcpy(j->data + hl, view.buf, dl), 0)
-                         : gather_c(j->data + hl, &view);
+            int contiguous = PyBuffer_IsContiguous(&view, 'C');
+            int rc = contiguous ? (memcpy(j->data + hl, view.buf, dl), 0)
+                                : gather_c(j->data + hl, &view);
             PyBuffer_Release(&view);
             if (rc < 0) goto fail;
+            /* (a digest is of a C-contiguous buffer's memory: the bytes copied here) */
+            if (n == 7 && a[6] != Py_None && contiguous && hl <= 0xffffffff) {
+                memcpy(j->dg, PyBytes_AS_STRING(a[6]), 16);
+                j->has_dg = 1;
+                j->hlen = (uint32_t)hl;
+            }
         }
     }
     /* mu is never held while the GIL is being taken: the slow path releases the GIL first */

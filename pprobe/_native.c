@@ -1942,8 +1942,8 @@ static Map2 g_tensor_heads;               /* NumPy type string (str) -> a = its 
 static long g_dump_pid = 0;
 static void dump_pid_child(void) { g_dump_pid = 0; }
 static PyObject *str_lock, *str_seen, *str_n, *str_disk_full, *str_dirfd, *str_pack,
-    *str_acquire, *str_release, *str_unsubmit, *str_op_name; /* and str_exhausted, str_c_digest,
-                                                               str_nbytes: above */
+    *str_acquire, *str_release, *str_unsubmit, *str_op_name,
+    *str_content_hash; /* and str_exhausted, str_c_digest, str_nbytes: above */
 /* (op index + 1, kind << 40 | idx) -> a = the name's head (str, owned) */
 static Map2 g_dump_heads;
 #define DUMP_SEEN_MAX (1 << 16)
@@ -2017,6 +2017,11 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
     Py_XDECREF(fd);
     if (dirfd < 0) goto python;
     if (!(dg = PyObject_GetAttr(d, str_c_digest)) || dg == Py_None) goto python;
+    /* the digest is XXH3-128: it checks the dump's pack entry (pprobe/packs.py, version 2) */
+    PyObject *chn = PyObject_GetAttr(d, str_content_hash);
+    int xxh3 = chn && PyUnicode_Check(chn) && PyUnicode_CompareWithASCIIString(chn, "xxh3_128") == 0;
+    Py_XDECREF(chn);
+    PyErr_Clear();
     PyObject *head = dump_head(opi, kind, idx); /* borrowed */
     if (!head) goto python;
     if (!g_dump_pid) g_dump_pid = (long)getpid(); /* a syscall: once per process */
@@ -2088,10 +2093,13 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
         goto fail;
     }
     int pack = total <= pack_max;
-    PyObject *argv[6] = {name, first ? PyBytes_FromStringAndSize(NULL, 0) : Py_NewRef(header),
+    /* a new content's digest goes with it (Dumper._dump does the same) */
+    int with_dg = !first && xxh3 && digest && digest != Py_None && PyBytes_Check(digest) &&
+                  PyBytes_GET_SIZE(digest) == 16;
+    PyObject *argv[7] = {name, first ? PyBytes_FromStringAndSize(NULL, 0) : Py_NewRef(header),
                          first ? Py_None : x, first ? first : Py_None, Py_True,
-                         pack ? Py_True : Py_False};
-    res = argv[1] ? PyObject_Vectorcall(g_dump_submit, argv, 6, NULL) : NULL;
+                         pack ? Py_True : Py_False, with_dg ? digest : Py_None};
+    res = argv[1] ? PyObject_Vectorcall(g_dump_submit, argv, with_dg ? 7 : 6, NULL) : NULL;
     Py_XDECREF(argv[1]);
     if (res == Py_False) { /* refused (the writer is gone): what Python does then */
         PyObject *tot = PyLong_FromLongLong(total);
@@ -2170,6 +2178,7 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     INTERN(str_release, "release");
     INTERN(str_unsubmit, "unsubmit");
     INTERN(str_op_name, "name");
+    INTERN(str_content_hash, "content_hash");
 #undef INTERN
     if (!g_records_mod && !(g_records_mod = PyImport_ImportModule("pprobe.records"))) return NULL;
     static int atfork = 0;

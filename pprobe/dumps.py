@@ -242,8 +242,18 @@ class PyQueue:
         return not self.jobs or self.queued + need <= self.max
 
     def submit(
-        self, name: str, header: bytes, data: Any, link: str | None, wait: bool, pack: bool = False
+        self,
+        name: str,
+        header: bytes,
+        data: Any,
+        link: str | None,
+        wait: bool,
+        pack: bool = False,
+        digest: bytes | None = None,
     ) -> bool:
+        """Queue one dump (see pprobe._dumpio.submit). ``digest``: the XXH3-128 digest of
+        ``data``'s bytes, taken on the program's thread: its pack entry is then checked by it
+        (a version 2 entry, pprobe.packs), not by a CRC of the array's bytes."""
         if not name or "/" in name or (link is not None and "/" in link):
             raise ValueError("a dump name is one non-empty path component")
         payload: Any
@@ -253,16 +263,26 @@ class PyQueue:
             # a copy of the values: the writer thread encodes it (never the program's thread)
             payload = data.copy(order="C")
             size = len(header) + int(payload.nbytes)
+            digest = None
         else:
             payload = header + (b"" if data is None else data.tobytes())
             size = len(payload)
+        if digest is not None and (link is not None or data is None or len(digest) != 16):
+            digest = None
+        if digest is not None:  # a digest is of a C-contiguous buffer's bytes, as written
+            try:
+                contiguous = memoryview(data).c_contiguous
+            except (TypeError, ValueError):
+                contiguous = False
+            if not contiguous:
+                digest = None
         with self.cond:
             if not self._room(size):
                 if not wait:
                     return False
                 while not self._room(size) and self._alive():
                     self.cond.wait(0.1)
-            self.jobs.append((name, link, payload, size, pack))
+            self.jobs.append((name, link, payload, size, pack, digest, len(header)))
             self.queued += size
             self.submitted += 1
             if not self._alive():
@@ -283,7 +303,7 @@ class PyQueue:
                     self.cond.wait()
                 if not self.jobs:
                     return
-                name, link, payload, size, pack = self.jobs[0]
+                name, link, payload, size, pack, digest, hlen = self.jobs[0]
                 gen = self._gen
             err = None
             info = None
@@ -300,7 +320,7 @@ class PyQueue:
                     if not isinstance(payload, bytes):
                         payload, info = self._encode(payload)
                     if pack:
-                        self._append(gen, 0, name, payload)
+                        self._append(gen, 0, name, payload, digest, hlen)
                     else:
                         _write_file(self.dirfd, name, payload)
             except OSError as e:
@@ -327,8 +347,17 @@ class PyQueue:
                     self.written += len(payload)
                 self.cond.notify_all()
 
-    def _append(self, gen: int, kind: int, name: str, payload: bytes) -> None:
-        """Append one entry to this process's pack (the writer thread only)."""
+    def _append(
+        self,
+        gen: int,
+        kind: int,
+        name: str,
+        payload: bytes,
+        digest: bytes | None = None,
+        hlen: int = 0,
+    ) -> None:
+        """Append one entry to this process's pack (the writer thread only); ``digest``: of
+        ``payload[hlen:]``, a version 2 entry (pprobe.packs)."""
         if self._pack_fd >= 0 and (gen != self._pack_gen or self._pack_size >= packs.PACK_MAX):
             os.close(self._pack_fd)
             self._pack_fd = -1
@@ -337,10 +366,11 @@ class PyQueue:
             self._pack_size = 0
             self._pack_gen = gen
         bname = name.encode("utf-8")
-        head = packs.entry_head(kind, bname, payload)
-        total = len(head) + len(bname) + len(payload)
+        head = packs.entry_head(kind, bname, payload, digest, hlen)
+        parts = [head, bname, payload] if digest is None else [head, bname, digest, payload]
+        total = sum(len(p) for p in parts)
         try:
-            safefs.write_all_v(self._pack_fd, [head, bname, payload])
+            safefs.write_all_v(self._pack_fd, parts)
         except OSError:
             # Never leave a partial entry in front of later ones: cut it off, or start anew.
             try:
@@ -792,6 +822,9 @@ class Dumper:
         pack = total <= self.pack
         if first is not None:
             ok = self.io.submit(name, b"", None, first, self.wait_when_full, pack)
+        elif self.codec == "npy" and digest is not None and self.content_hash == "xxh3_128":
+            # the digest of a's bytes checks its pack entry (pprobe.packs, version 2)
+            ok = self.io.submit(name, header, a, None, self.wait_when_full, pack, digest)
         else:
             ok = self.io.submit(name, header, a if self.codec == "npy" else orig, None,
                                 self.wait_when_full, pack)  # fmt: skip

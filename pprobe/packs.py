@@ -11,15 +11,27 @@ A pack is a sequence of entries; every entry is self-checking, so a pack cut sho
 (or a crash) is readable up to its last complete entry::
 
     magic  b"PPKE"      4 bytes
-    version 1           u8
+    version             u8    1 or 2 (below)
     kind                u8    0: data (payload = the dump file's bytes), 1: alias
     name length         u16   (little-endian, like every field)
     payload length      u64
-    crc32               u32   of the 16 bytes above, then the name, then the payload
-    reserved            u32   0
+    crc32               u32   version 1: of the 16 bytes above, then the name, then the payload
+    hlen                u32   version 1: 0; version 2: how many payload bytes the crc32 covers
     name                      the seed file name (``op_{op}_input{i}_{prefix}.npy``)
+    digest              16    version 2 only: XXH3-128 (``xxhash.xxh3_128_digest``) of the
+                              payload after its first hlen bytes
     payload                   data: exactly what the .npy (or codec) file would hold;
                               alias: the name of the earlier dump of the same content
+
+Version 2 (data entries of arrays of 64 bytes and more, while the dumps' content hash is
+XXH3-128) reuses the digest the program's thread already took of the array to find contents
+seen before: its crc32 covers the 16 bytes above, hlen, the name, the digest and the first
+hlen bytes of the payload (the .npy header), and the digest covers the array's bytes, which
+the dump writer thread then writes without reading them once more (``python -m
+bench.crc_cost``: the pack writer's CRC pass was ~7 % of a dump-mode run's CPU). The digest is
+of the array as it was read on the program's thread, just before its bytes were copied: an
+array that another thread writes during the call can fail the check, and then reads as a cut
+pack (its dump has no defined values anyway).
 
 Rows keep ``dump_path`` = the seed name the file would have had; :func:`read` (used by the
 central loader, pprobe.codecs.load) finds a name that is not a file in its folder's packs. The
@@ -36,8 +48,11 @@ from typing import Any
 
 MAGIC = b"PPKE"
 VERSION = 1
+#: Entries whose array bytes are checked by their XXH3-128 digest (see above).
+VERSION_DIGEST = 2
+DIGEST_SIZE = 16
 DATA, ALIAS = 0, 1
-HEAD = struct.Struct("<4sBBHQII")  # magic, version, kind, name length, payload length, crc, 0
+HEAD = struct.Struct("<4sBBHQII")  # magic, version, kind, name length, payload length, crc, hlen
 HEAD_SIZE = HEAD.size  # 24
 PACK_DIR = ".packs"
 SUFFIX = ".npk"
@@ -45,11 +60,31 @@ SUFFIX = ".npk"
 PACK_MAX = 1 << 30
 
 
-def entry_head(kind: int, name: bytes, payload: Any) -> bytes:
-    """The 24-byte header of an entry (the writers put the name and payload after it)."""
-    first = struct.pack("<4sBBHQ", MAGIC, VERSION, kind, len(name), len(payload))
-    crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(first)))
-    return first + struct.pack("<II", crc, 0)
+def entry_head(
+    kind: int, name: bytes, payload: Any, digest: bytes | None = None, hlen: int = 0
+) -> bytes:
+    """The 24-byte header of an entry (the writers put the name, then ``digest`` if given,
+    then the payload after it). ``digest``: the XXH3-128 digest of ``payload[hlen:]`` (a
+    version 2 entry), or None (version 1: the crc32 covers the whole payload)."""
+    if digest is None:
+        first = struct.pack("<4sBBHQ", MAGIC, VERSION, kind, len(name), len(payload))
+        crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(first)))
+        return first + struct.pack("<II", crc, 0)
+    if len(digest) != DIGEST_SIZE or not 0 <= hlen <= len(payload):
+        raise ValueError("a version 2 entry needs a 16-byte digest and hlen <= the payload")
+    first = struct.pack("<4sBBHQ", MAGIC, VERSION_DIGEST, kind, len(name), len(payload))
+    tail = struct.pack("<I", hlen)
+    crc = zlib.crc32(first)
+    for part in (tail, name, digest, memoryview(payload)[:hlen]):
+        crc = zlib.crc32(part, crc)
+    return first + struct.pack("<I", crc) + tail
+
+
+def _xxh3_128() -> Any:
+    """xxhash's XXH3-128 (a dependency of pprobe): version 2 entries are checked with it."""
+    from xxhash import xxh3_128_digest
+
+    return xxh3_128_digest
 
 
 class Entry:
@@ -92,25 +127,36 @@ class PackIndex:
             head = f.read(HEAD_SIZE)
             if len(head) < HEAD_SIZE:
                 break
-            magic, version, kind, nlen, plen, crc, _ = HEAD.unpack(head)
-            if magic != MAGIC or version != VERSION or kind not in (DATA, ALIAS) or not nlen:
+            magic, version, kind, nlen, plen, crc, hlen = HEAD.unpack(head)
+            if magic != MAGIC or version not in (VERSION, VERSION_DIGEST):
                 break
-            if at + HEAD_SIZE + nlen + plen > size:
+            if kind not in (DATA, ALIAS) or not nlen:
+                break
+            dl = DIGEST_SIZE if version == VERSION_DIGEST else 0
+            if at + HEAD_SIZE + nlen + dl + plen > size:
                 break
             name = f.read(nlen)
+            digest = f.read(dl)
             payload = f.read(plen)
-            if (
-                len(payload) != plen
-                or zlib.crc32(payload, zlib.crc32(name, zlib.crc32(head[:16]))) != crc
-            ):
+            if len(payload) != plen or len(digest) != dl:
+                break
+            if dl:
+                if hlen > plen:
+                    break
+                check = zlib.crc32(head[:16])
+                for part in (head[20:24], name, digest, memoryview(payload)[:hlen]):
+                    check = zlib.crc32(part, check)
+                if check != crc or _xxh3_128()(memoryview(payload)[hlen:]) != digest:
+                    break
+            elif zlib.crc32(payload, zlib.crc32(name, zlib.crc32(head[:16]))) != crc:
                 break
             try:
                 text = name.decode("utf-8")
                 target = payload.decode("utf-8") if kind == ALIAS else ""
             except UnicodeDecodeError:
                 break
-            self.entries[text] = Entry(self.path, at + HEAD_SIZE + nlen, plen, kind, target)
-            at += HEAD_SIZE + nlen + plen
+            self.entries[text] = Entry(self.path, at + HEAD_SIZE + nlen + dl, plen, kind, target)
+            at += HEAD_SIZE + nlen + dl + plen
             self.end = at
         self.bad_tail = self.end < size
 

@@ -62,6 +62,16 @@ def _copies(run_dir: Path) -> list[dict]:
     )
 
 
+def _entry_versions(pack: Path) -> dict[str, int]:
+    """name -> version of each entry of a pack (walked by the format, not by pprobe.packs)."""
+    raw, at, out = pack.read_bytes(), 0, {}
+    while at < len(raw):
+        _, version, _, nlen, plen, _, _ = packs.HEAD.unpack_from(raw, at)
+        out[raw[at + 24 : at + 24 + nlen].decode()] = version
+        at += 24 + nlen + (16 if version == 2 else 0) + plen
+    return out
+
+
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
@@ -88,6 +98,18 @@ def test_packed_and_plain_dumps_load_bit_exact(tmp_path: Path, engine: str) -> N
         assert _same(pprobe.load(x["seq"], str(run_dir)), a)  # a call's seq
     pack_files = list((run_dir / ".packs").iterdir())
     assert len(pack_files) == 1
+    # an array of 64 bytes and more is checked by the digest its dump was deduplicated by
+    assert m["dumps"]["content_hash"] == "xxh3_128"
+    versions, entries = _entry_versions(pack_files[0]), packs.names(str(run_dir))
+    checked = set()
+    for x, a in zip(rows, want):
+        name = x["dump_path"]
+        while name in entries and entries[name].kind == packs.ALIAS:  # (np.copy's input)
+            name = entries[name].target
+        if name in versions:
+            assert versions[name] == (2 if a.nbytes >= 64 else 1), name
+            checked.add(versions[name])
+    assert checked == {1, 2}
     st = pack_files[0].stat()
     assert stat.S_IMODE(st.st_mode) == 0o600
     assert pack_files[0].name.endswith(f"-{rows[0]['pid']}-0.npk")
@@ -335,6 +357,84 @@ def test_native_and_python_writers_append_the_same_bytes(tmp_path: Path) -> None
         assert _same(pprobe.load(str(d / "y.npy")), np.ascontiguousarray(a))
         out.append(pack.read_bytes())
     assert out[0] == out[1]
+
+
+def test_a_digest_checks_the_array_and_the_crc_the_rest(tmp_path: Path) -> None:
+    """Version 2 entries: the XXH3-128 digest of the array's bytes (taken on the program's
+    thread) checks them, the crc32 the head, hlen, name, digest and .npy header; a flipped
+    byte anywhere ends the scan, and version 1 entries read on beside them."""
+    from xxhash import xxh3_128_digest
+
+    runs = iter(range(100))
+
+    def folder(data: bytes) -> str:  # a new folder each time (an index is cached by mtime)
+        d = tmp_path / f"run{next(runs)}"
+        (d / ".packs").mkdir(parents=True)
+        (d / ".packs" / "h-1-0.npk").write_bytes(data)
+        return str(d)
+
+    a = np.arange(40, dtype=np.float32).reshape(5, 8)
+    h = dumps.npy_header(a.dtype, a.shape)
+    blob, dg = h + a.tobytes(), xxh3_128_digest(a)
+
+    def v2(name: str, digest: bytes = dg) -> bytes:
+        b = name.encode()
+        return packs.entry_head(packs.DATA, b, blob, digest, len(h)) + b + digest + blob
+
+    good = v2("a.npy") + _entry(packs.DATA, "b.npy", blob) + _entry(packs.ALIAS, "c.npy", b"a.npy")
+    assert good[4] == packs.VERSION_DIGEST and int.from_bytes(good[20:24], "little") == len(h)
+    d = folder(good)
+    for n in ("a.npy", "b.npy", "c.npy"):
+        assert _same(pprobe.load(os.path.join(d, n)), a), n
+    assert packs.read(os.path.join(d, "a.npy")) == blob
+    one = len(v2("a.npy"))
+    for where, what in [
+        (one - 1, "the array's last byte"),
+        (one - a.nbytes - 1, "the .npy header's last byte"),
+        (one - len(blob) - 1, "the digest"),
+        (24, "the name"),
+        (20, "hlen"),
+    ]:
+        bad = bytearray(v2("a.npy"))
+        bad[where] ^= 1
+        d = folder(bytes(bad) + good)
+        assert "a.npy" not in packs.names(d), what
+        assert packs.indexes(d)[0].bad_tail, what
+    # a digest of other bytes (an array another thread wrote during the copy) fails too
+    assert packs.names(folder(v2("a.npy", xxh3_128_digest(a + 1)) + good)) == {}
+    with pytest.raises(ValueError):
+        packs.entry_head(packs.DATA, b"x.npy", blob, dg[:8], len(h))
+
+
+@pytest.mark.parametrize("q", _queues(), ids=lambda q: type(q).__name__)
+def test_a_dump_submitted_with_its_digest_is_a_version_2_entry(tmp_path: Path, q: object) -> None:
+    """Both writers append the same version 2 entry for a submit with a digest; without one
+    (or a strided view's, which is not the bytes written) the entry is version 1."""
+    from xxhash import xxh3_128_digest
+
+    a = np.arange(24, dtype=np.float64).reshape(4, 6)
+    s = a[:, ::2]
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        q.open(fd, 1 << 20)  # type: ignore[attr-defined]
+        h = dumps.npy_header(a.dtype, a.shape)
+        assert q.submit("d.npy", h, a, None, True, True, xxh3_128_digest(a))  # type: ignore[attr-defined]
+        assert q.submit("p.npy", h, a, None, True, True, None)  # type: ignore[attr-defined]
+        hs = dumps.npy_header(s.dtype, s.shape)
+        assert q.submit("s.npy", hs, s, None, True, True, bytes(16))  # type: ignore[attr-defined]
+        assert q.close(10.0)  # type: ignore[attr-defined]
+        assert not q.failures()  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+    (pack,) = (tmp_path / ".packs").iterdir()
+    raw = pack.read_bytes()
+    b = b"d.npy"
+    want = packs.entry_head(packs.DATA, b, h + a.tobytes(), xxh3_128_digest(a), len(h))
+    assert raw.startswith(want + b + xxh3_128_digest(a) + h + a.tobytes())
+    versions = {n: raw[raw.index(n.encode()) - 24 + 4] for n in ("d.npy", "p.npy", "s.npy")}
+    assert versions == {"d.npy": 2, "p.npy": 1, "s.npy": 1}
+    for n, x in (("d.npy", a), ("p.npy", a), ("s.npy", s)):
+        assert _same(pprobe.load(str(tmp_path / n)), np.ascontiguousarray(x)), n
 
 
 _STRIDED = [
