@@ -1843,20 +1843,18 @@ static PyObject *npy_head_text(PyObject *typestr, int fortran) {
     return head;
 }
 
-static PyObject *npy_header_of(PyObject *x) {
-    if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
-    NpyArrayFields *a = (NpyArrayFields *)x;
-    if (a->nd > MAX_INLINE_DIMS) Py_RETURN_NONE;
-    int fortran = npy_fortran(a);
-    Slot2 *s = map2_find(&g_npy_heads, a->descr, fortran);
-    if (!s && (descr_sid(a->descr) == -2 || !map2_find(&g_descrs, a->descr, 0))) {
+/* the start of the .npy header text of a builtin numeric descriptor (borrowed), or None
+ * (another dtype; nothing raised) */
+static PyObject *npy_head_of_descr(PyObject *descr, int fortran) {
+    Slot2 *s = map2_find(&g_npy_heads, descr, fortran);
+    if (!s && (descr_sid(descr) == -2 || !map2_find(&g_descrs, descr, 0))) {
         PyErr_Clear(); /* not a builtin descriptor (only those are in g_descrs) */
-        Py_RETURN_NONE;
+        return Py_None;
     }
     if (!s) {
         PyObject *head = NULL;
-        PyObject *kind = PyObject_GetAttrString(a->descr, "kind");
-        PyObject *str = kind ? PyObject_GetAttrString(a->descr, "str") : NULL;
+        PyObject *kind = PyObject_GetAttrString(descr, "kind");
+        PyObject *str = kind ? PyObject_GetAttrString(descr, "str") : NULL;
         if (str && PyUnicode_Check(kind) && PyUnicode_GET_LENGTH(kind) == 1 &&
             strchr("biufc", (int)PyUnicode_READ_CHAR(kind, 0)))
             head = npy_head_text(str, fortran);
@@ -1866,15 +1864,22 @@ static PyObject *npy_header_of(PyObject *x) {
             PyErr_Clear();
             head = Py_NewRef(Py_None);
         }
-        s = map2_put(&g_npy_heads, a->descr, fortran);
+        s = map2_put(&g_npy_heads, descr, fortran);
         if (!s) {
             Py_DECREF(head);
             PyErr_Clear();
-            Py_RETURN_NONE;
+            return Py_None;
         }
         s->a = (intptr_t)head; /* a builtin descriptor (static): its key is not held */
     }
-    PyObject *head = (PyObject *)s->a;
+    return (PyObject *)s->a;
+}
+
+static PyObject *npy_header_of(PyObject *x) {
+    if (!np_ndarray || Py_TYPE(x) != np_ndarray) Py_RETURN_NONE; /* a subclass: Python's */
+    NpyArrayFields *a = (NpyArrayFields *)x;
+    if (a->nd > MAX_INLINE_DIMS) Py_RETURN_NONE;
+    PyObject *head = npy_head_of_descr(a->descr, npy_fortran(a));
     if (head == Py_None) Py_RETURN_NONE;
     Py_ssize_t dims[MAX_INLINE_DIMS];
     for (int i = 0; i < a->nd; i++) dims[i] = (Py_ssize_t)a->dimensions[i];
@@ -2231,6 +2236,31 @@ static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
     return mv;
 }
 
+/* A NumPy scalar of a builtin numeric type (np.float32(1), the result of np.mean): its
+ * bytes (a memoryview of the scalar) and, in *header, the .npy header of a 0-d array of its
+ * dtype, what recorder._dump_one's np.asarray(x) dumps; NULL (nothing raised) for anything
+ * else. long double is left to Python: its padding bytes are not the value's. */
+static PyObject *scalar_dump_mem(PyObject *x, PyObject **header) {
+    *header = NULL;
+    if (!np_generic || !PyObject_TypeCheck(x, np_generic)) return NULL;
+    PyObject *descr = PyObject_GetAttrString(x, "dtype");
+    PyObject *head = descr ? npy_head_of_descr(descr, 0) : NULL; /* borrowed */
+    Py_XDECREF(descr); /* (a builtin descriptor: static, its head stays in g_npy_heads) */
+    PyObject *mv = head && head != Py_None ? PyMemoryView_FromObject(x) : NULL;
+    if (mv) {
+        Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
+        const char *f = v->format ? v->format : "B";
+        if (v->ndim != 0 || !strchr("?bBhHiIlLqQefdZ", f[0]) || (f[0] == 'Z' && f[1] == 'g') ||
+            !(*header = npy_header_dims(head, 0, NULL)) || *header == Py_None) {
+            Py_XDECREF(*header);
+            *header = NULL;
+            Py_CLEAR(mv);
+        }
+    }
+    PyErr_Clear();
+    return mv;
+}
+
 /* Dump the described arrays from desc `from` on (inputs before the call, outputs after it):
  * each record gets its dump's path and note (a note replaces the statistics' note, as in
  * recorder._describe). An out= input and uninitialised outputs are not dumped. A failure is
@@ -2254,7 +2284,8 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         int done = 0;
         if (o_head == Py_None && g_dumper) { /* a CPU tensor's memory, dumped as its array */
             PyObject *th;
-            if ((mem = tensor_dump_mem(x, &th))) Py_SETREF(o_head, th);
+            if ((mem = tensor_dump_mem(x, &th)) || (mem = scalar_dump_mem(x, &th)))
+                Py_SETREF(o_head, th);
         }
         if (o_head) res = dump_fast(mem ? mem : x, x, o_head, opi, seq, kind, idx, &done);
         if (mem) {

@@ -48,6 +48,10 @@ np.split(np.arange(70.0), 70)     # 70 outputs: positions past 63
 np.ones(2, dtype=np.float16) * np.float16(3)
 x = np.arange(6).reshape(2, 3)
 x.T.copy()
+np.mean(a)                        # a NumPy scalar output
+np.positive(np.float32(-2.25))    # scalar in, scalar out
+np.add(np.int8(-3), np.uint16(60000))
+np.multiply(np.True_, np.complex64(1 + 2j))
 """
 
 TORCH_PROG = """
@@ -289,6 +293,70 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
     for role, want in (("input", a_t), ("output", -a_t)):
         assert got[role].flags.f_contiguous and not got[role].flags.c_contiguous, role
         np.testing.assert_array_equal(got[role], want)
+    assert not meta(r.run_dir)["errors"], r.err
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_core_dumps_numpy_scalars_itself(tmp_path: Path) -> None:
+    """A NumPy scalar of a builtin numeric type (an input such as ``LR * g``'s, or np.mean's
+    result) is dumped by the core from its bytes as a 0-d array of its dtype, what the Python
+    side's np.asarray makes; long double (padding bytes that are not the value's) and the
+    first dumps of the process go to recorder._native_dump."""
+    r = run_script(
+        tmp_path,
+        """
+        import json
+        import numpy as np
+        from pprobe import _native, recorder
+        calls = []
+        real = recorder._native_dump
+
+        def counting(x, *rest):
+            calls.append(type(x).__name__)
+            return real(x, *rest)
+
+        _native.set_dump(counting)
+        a = np.arange(24.0).reshape(4, 6)
+        np.add(a, 1)                     # the first dumps: Python (set-up)
+        n0 = len(calls)
+        vals = [np.float16(1.5), np.float32(-2.25), np.float64(3.0), np.True_, np.int8(-3),
+                np.uint8(200), np.int16(-300), np.uint16(60000), np.int32(-7),
+                np.uint32(4000000000), np.int64(-2**40), np.uint64(2**63 + 5),
+                np.complex64(1 + 2j), np.complex128(-3 + 0.5j), np.float64(np.nan)]
+        for v in vals:
+            np.maximum(v, v)             # scalars in, a scalar out: the core
+        np.mean(a)                       # a scalar out
+        np.multiply(np.longdouble(3), 2) # long double: Python
+        print(json.dumps({"n0": n0, "calls": calls[n0:]}))
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump"},
+    ).check()
+    import json
+
+    out = json.loads(r.out.strip().splitlines()[-1])
+    assert 0 < out["n0"] <= 3
+    assert out["calls"] == ["longdouble", "longdouble"]
+    vals = [np.float16(1.5), np.float32(-2.25), np.float64(3.0), np.True_, np.int8(-3),
+            np.uint8(200), np.int16(-300), np.uint16(60000), np.int32(-7),
+            np.uint32(4000000000), np.int64(-(2**40)), np.uint64(2**63 + 5),
+            np.complex64(1 + 2j), np.complex128(-3 + 0.5j), np.float64(np.nan)]  # fmt: skip
+    rows = [o for o in ops(r.run_dir) if o["op"] == "numpy.maximum"]
+    assert len(rows) == len(vals)
+    for o, v in zip(rows, vals):
+        ts = tensors(r.run_dir, f"seq = {o['seq']}")
+        assert [t["role"] for t in ts] == ["input", "input", "output"]
+        for t in ts:
+            got = load_dump(r.run_dir / t["dump_path"])
+            want = np.asarray(v)
+            assert got.dtype == want.dtype and got.shape == () and t["shape"] == []
+            assert got.tobytes() == want.tobytes(), (t["dump_path"], got, v)
+    (mean,) = [o for o in ops(r.run_dir) if o["op"] == "numpy.mean"]
+    (out_row,) = tensors(r.run_dir, f"seq = {mean['seq']} AND role = 'output'")
+    assert load_dump(r.run_dir / out_row["dump_path"]) == np.float64(11.5)
+    (ld,) = [o for o in ops(r.run_dir) if o["op"] == "numpy.multiply"]
+    for t in tensors(r.run_dir, f"seq = {ld['seq']}"):
+        got = load_dump(r.run_dir / t["dump_path"])
+        assert got.dtype == np.longdouble and got == np.longdouble(3 if t["role"] == "input" else 6)
     assert not meta(r.run_dir)["errors"], r.err
 
 
