@@ -2024,7 +2024,8 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
     if (!(dg = PyObject_GetAttr(d, str_c_digest)) || dg == Py_None) goto python;
     /* the digest is XXH3-128: it checks the dump's pack entry (pprobe/packs.py, version 2) */
     PyObject *chn = PyObject_GetAttr(d, str_content_hash);
-    int xxh3 = chn && PyUnicode_Check(chn) && PyUnicode_CompareWithASCIIString(chn, "xxh3_128") == 0;
+    int xxh3 =
+        chn && PyUnicode_Check(chn) && PyUnicode_CompareWithASCIIString(chn, "xxh3_128") == 0;
     Py_XDECREF(chn);
     PyErr_Clear();
     PyObject *head = dump_head(opi, kind, idx); /* borrowed */
@@ -2250,7 +2251,8 @@ static PyObject *scalar_dump_mem(PyObject *x, PyObject **header) {
     if (mv) {
         Py_buffer *v = PyMemoryView_GET_BUFFER(mv);
         const char *f = v->format ? v->format : "B";
-        if (v->ndim != 0 || !strchr("?bBhHiIlLqQefdZ", f[0]) || (f[0] == 'Z' && f[1] == 'g') ||
+        if (v->ndim != 0 || !f[0] || !strchr("?bBhHiIlLqQefdZ", f[0]) ||
+            (f[0] == 'Z' && f[1] == 'g') ||
             !(*header = npy_header_dims(head, 0, NULL)) || *header == Py_None) {
             Py_XDECREF(*header);
             *header = NULL;
