@@ -176,6 +176,17 @@ class _Count:
         obj._n[self.i] = v
 
 
+def _checks(digest: bytes, link: str | None, data: Any) -> bool:
+    """Whether ``digest`` can check a dump's pack entry, as pprobe._dumpio.submit decides: 16
+    bytes, of data written as it is (a C-contiguous buffer, not gathered), not an alias."""
+    if link is not None or data is None or len(digest) != packs.DIGEST_SIZE:
+        return False
+    try:
+        return memoryview(data).c_contiguous
+    except (TypeError, ValueError):
+        return False
+
+
 class PyQueue:
     """The pure-Python twin of pprobe._dumpio's queue: the same calls, a Python thread."""
 
@@ -263,19 +274,12 @@ class PyQueue:
             # a copy of the values: the writer thread encodes it (never the program's thread)
             payload = data.copy(order="C")
             size = len(header) + int(payload.nbytes)
-            digest = None
+            digest = None  # the file holds the codec's bytes, not the array's
         else:
             payload = header + (b"" if data is None else data.tobytes())
             size = len(payload)
-        if digest is not None and (link is not None or data is None or len(digest) != 16):
+        if digest is not None and not _checks(digest, link, data):
             digest = None
-        if digest is not None:  # a digest is of a C-contiguous buffer's bytes, as written
-            try:
-                contiguous = memoryview(data).c_contiguous
-            except (TypeError, ValueError):
-                contiguous = False
-            if not contiguous:
-                digest = None
         with self.cond:
             if not self._room(size):
                 if not wait:
@@ -822,12 +826,11 @@ class Dumper:
         pack = total <= self.pack
         if first is not None:
             ok = self.io.submit(name, b"", None, first, self.wait_when_full, pack)
-        elif self.codec == "npy" and digest is not None and self.content_hash == "xxh3_128":
-            # the digest of a's bytes checks its pack entry (pprobe.packs, version 2)
-            ok = self.io.submit(name, header, a, None, self.wait_when_full, pack, digest)
         else:
+            # the digest of a's bytes checks its pack entry (pprobe.packs, version 2)
+            check = digest if self.codec == "npy" and self.content_hash == "xxh3_128" else None
             ok = self.io.submit(name, header, a if self.codec == "npy" else orig, None,
-                                self.wait_when_full, pack)  # fmt: skip
+                                self.wait_when_full, pack, check)  # fmt: skip
         if not ok:
             return self.unsubmit(key, name, first, total, held)
         if group is not None:

@@ -74,10 +74,16 @@ def entry_head(
         raise ValueError("a version 2 entry needs a 16-byte digest and hlen <= the payload")
     first = struct.pack("<4sBBHQ", MAGIC, VERSION_DIGEST, kind, len(name), len(payload))
     tail = struct.pack("<I", hlen)
+    return first + struct.pack("<I", _crc_v2(first, tail, name, digest, payload)) + tail
+
+
+def _crc_v2(first: bytes, tail: bytes, name: bytes, digest: bytes, payload: Any) -> int:
+    """A version 2 entry's crc32: the head's first 16 bytes, hlen (``tail``), the name, the
+    digest and the payload's first hlen bytes."""
     crc = zlib.crc32(first)
-    for part in (tail, name, digest, memoryview(payload)[:hlen]):
+    for part in (tail, name, digest, memoryview(payload)[: struct.unpack("<I", tail)[0]]):
         crc = zlib.crc32(part, crc)
-    return first + struct.pack("<I", crc) + tail
+    return crc
 
 
 def _xxh3_128() -> Any:
@@ -143,10 +149,9 @@ class PackIndex:
             if dl:
                 if hlen > plen:
                     break
-                check = zlib.crc32(head[:16])
-                for part in (head[20:24], name, digest, memoryview(payload)[:hlen]):
-                    check = zlib.crc32(part, check)
-                if check != crc or _xxh3_128()(memoryview(payload)[hlen:]) != digest:
+                if _crc_v2(head[:16], head[20:24], name, digest, payload) != crc:
+                    break
+                if _xxh3_128()(memoryview(payload)[hlen:]) != digest:
                     break
             elif zlib.crc32(payload, zlib.crc32(name, zlib.crc32(head[:16]))) != crc:
                 break
