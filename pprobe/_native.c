@@ -1186,20 +1186,96 @@ static PyObject *dmemo_get(PyObject *x) { /* borrowed, or NULL */
     return NULL;
 }
 static PyObject *g_dumper;
-static PyObject *str_c_digest, *str_exhausted, *str_nbytes;
-static int attr_true(PyObject *o, PyObject *name);
+static PyObject *str_c_digest, *str_nbytes, *str_n, *str_lock, *str_seen, *str_pack,
+    *str_acquire, *str_release, *str_content_hash;
+
+/* The dumper's fields that every dump reads (Dumper._view, pprobe/dumps.py), taken again only
+ * when Dumper._n[DUMPER_VIEW] (a number per state of those fields; 0: Python takes every dump)
+ * or the _n array itself (a forked child's) changes: no attribute lookup per dump. */
+#define DUMPER_VIEW 6
+typedef struct {
+    PyObject *n; /* the _n array they were taken with (owned: its address is not reused) */
+    int64_t view;
+    PyObject *acquire, *release, *seen, *dg; /* the lock's methods, the seen dict, c_digest */
+    long long pack;
+    int xxh3; /* content_hash is "xxh3_128": the digest checks a pack entry (packs.py, v2) */
+} DView;
+static DView g_dv; /* the last view taken; callers hold their own copy (dview_take) */
+
+static void dview_release(DView *v) {
+    Py_CLEAR(v->n);
+    Py_CLEAR(v->acquire);
+    Py_CLEAR(v->release);
+    Py_CLEAR(v->seen);
+    Py_CLEAR(v->dg);
+}
+
+/* *out: dumper d's view, its references owned by the caller (dview_release), and *nbuf: its
+ * _n's buffer (released by the caller). 0: Python takes this dump (the dumper says so, or a
+ * field is not what this code expects): nothing to release, no error set. */
+static int dview_take(PyObject *d, DView *out, Py_buffer *nbuf) {
+    memset(out, 0, sizeof *out);
+    PyObject *n = PyObject_GetAttr(d, str_n);
+    if (!n) goto no;
+    int got = PyObject_GetBuffer(n, nbuf, PyBUF_WRITABLE | PyBUF_FORMAT);
+    Py_DECREF(n); /* (the buffer holds it) */
+    if (got < 0) goto no;
+    if (nbuf->itemsize != 8 || nbuf->len < (DUMPER_VIEW + 1) * 8) goto release;
+    int64_t view = ((int64_t *)nbuf->buf)[DUMPER_VIEW];
+    if (!view) goto release;
+    if (nbuf->obj != g_dv.n || view != g_dv.view) { /* taken anew: locals, then one swap */
+        DView v = {0};
+        v.view = view;
+        PyObject *lock = PyObject_GetAttr(d, str_lock);
+        v.acquire = lock ? PyObject_GetAttr(lock, str_acquire) : NULL;
+        v.release = lock ? PyObject_GetAttr(lock, str_release) : NULL;
+        Py_XDECREF(lock);
+        v.seen = PyObject_GetAttr(d, str_seen);
+        v.dg = PyObject_GetAttr(d, str_c_digest);
+        PyObject *pk = PyObject_GetAttr(d, str_pack);
+        v.pack = pk ? PyLong_AsLongLong(pk) : -1;
+        Py_XDECREF(pk);
+        PyObject *chn = PyObject_GetAttr(d, str_content_hash);
+        v.xxh3 = chn && PyUnicode_Check(chn) &&
+                 PyUnicode_CompareWithASCIIString(chn, "xxh3_128") == 0;
+        Py_XDECREF(chn);
+        if (!v.acquire || !v.release || !v.seen || !PyDict_Check(v.seen) || !v.dg ||
+            v.dg == Py_None || v.pack < 0 || PyErr_Occurred()) {
+            dview_release(&v);
+            goto release;
+        }
+        v.n = Py_NewRef(nbuf->obj);
+        DView old = g_dv;
+        g_dv = v;
+        dview_release(&old);
+    }
+    *out = g_dv;
+    Py_INCREF(out->n);
+    Py_INCREF(out->acquire);
+    Py_INCREF(out->release);
+    Py_INCREF(out->seen);
+    Py_INCREF(out->dg);
+    return 1;
+release:
+    PyBuffer_Release(nbuf);
+no:
+    PyErr_Clear();
+    return 0;
+}
 
 /* 1: r has the statistics of the content of x, nbytes at addr (seen before); 0: not seen
  * (*slot: where they go once computed, under the digest copied to h; or NULL). The digest is
  * kept for x's dump. Errors are cleared: the statistics are then computed as usual. */
 static int smemo_mem(DescRec *r, PyObject *x, const void *addr, long long nbytes, SMemo **slot,
                      unsigned char h[16]) {
-    if (nbytes < SMEMO_MIN || tl_dm_n >= DMEMO_N || attr_true(g_dumper, str_exhausted) != 0) {
-        PyErr_Clear();
-        return 0;
-    }
+    if (nbytes < SMEMO_MIN || tl_dm_n >= DMEMO_N || !g_dumper) return 0;
     PyObject *dg = NULL, *mv = NULL, *d = NULL;
-    if (!(dg = PyObject_GetAttr(g_dumper, str_c_digest)) || dg == Py_None) goto out;
+    DView view;
+    Py_buffer nbuf;
+    if (!dview_take(g_dumper, &view, &nbuf)) return 0; /* (exhausted, among others) */
+    PyBuffer_Release(&nbuf);
+    dg = Py_NewRef(view.dg);
+    dview_release(&view);
     /* the bytes as dump_fast digests them (an array's own buffer, or a memoryview of this
      * memory: the same bytes, the same digest) */
     if (!(mv = PyMemoryView_FromMemory((char *)addr, (Py_ssize_t)nbytes, PyBUF_READ))) goto out;
@@ -1946,9 +2022,7 @@ static Map2 g_tensor_heads;               /* NumPy type string (str) -> a = its 
 /* this process's pid in dump names (0: not read yet; a forked child reads its own) */
 static long g_dump_pid = 0;
 static void dump_pid_child(void) { g_dump_pid = 0; }
-static PyObject *str_lock, *str_seen, *str_n, *str_disk_full, *str_dirfd, *str_pack,
-    *str_acquire, *str_release, *str_unsubmit, *str_op_name,
-    *str_content_hash; /* and str_exhausted, str_c_digest, str_nbytes: above */
+static PyObject *str_unsubmit, *str_op_name, *str_reserve; /* and those above dview_take */
 /* (op index + 1, kind << 40 | idx) -> a = the name's head (str, owned) */
 static Map2 g_dump_heads;
 #define DUMP_SEEN_MAX (1 << 16)
@@ -2012,22 +2086,15 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
         fortran = 1; /* its memory as it is, under npy_header_of's Fortran-order header */
     }
     PyObject *flat = NULL; /* a Fortran-ordered array's memory as bytes */
-    PyObject *lock = NULL, *seen = NULL, *nobj = NULL, *dg = NULL, *digest = NULL, *key = NULL;
-    PyObject *name = NULL, *nb = NULL, *pk = NULL, *res = NULL, *out = NULL;
+    PyObject *digest = NULL, *key = NULL;
+    PyObject *name = NULL, *nb = NULL, *res = NULL, *out = NULL;
     Py_buffer nbuf = {0};
-    int locked = 0;
-    if (attr_true(d, str_exhausted) != 0 || attr_true(d, str_disk_full) != 0) goto python;
-    PyObject *fd = PyObject_GetAttr(d, str_dirfd);
-    long dirfd = fd ? PyLong_AsLong(fd) : -1;
-    Py_XDECREF(fd);
-    if (dirfd < 0) goto python;
-    if (!(dg = PyObject_GetAttr(d, str_c_digest)) || dg == Py_None) goto python;
+    DView v; /* the dumper's lock, seen dict, digest function, pack size */
+    if (!dview_take(d, &v, &nbuf)) return NULL; /* (nothing taken) */
+    int locked = 0, reserved = 0;
+    PyObject *dg = v.dg;
     /* the digest is XXH3-128: it checks the dump's pack entry (pprobe/packs.py, version 2) */
-    PyObject *chn = PyObject_GetAttr(d, str_content_hash);
-    int xxh3 =
-        chn && PyUnicode_Check(chn) && PyUnicode_CompareWithASCIIString(chn, "xxh3_128") == 0;
-    Py_XDECREF(chn);
-    PyErr_Clear();
+    int xxh3 = v.xxh3;
     PyObject *head = dump_head(opi, kind, idx); /* borrowed */
     if (!head) goto python;
     if (!g_dump_pid) g_dump_pid = (long)getpid(); /* a syscall: once per process */
@@ -2065,14 +2132,9 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
         }
     }
     long long total = PyBytes_GET_SIZE(header) + nbytes;
-    if (!(pk = PyObject_GetAttr(d, str_pack))) goto python;
-    long long pack_max = PyLong_AsLongLong(pk);
-    if (!(lock = PyObject_GetAttr(d, str_lock)) || !(seen = PyObject_GetAttr(d, str_seen)) ||
-        !PyDict_Check(seen) || !(nobj = PyObject_GetAttr(d, str_n)))
-        goto python;
-    if (PyObject_GetBuffer(nobj, &nbuf, PyBUF_WRITABLE | PyBUF_FORMAT) < 0) goto python;
-    if (nbuf.itemsize != 8 || nbuf.len < 24) goto python;
-    PyObject *r = PyObject_CallMethodOneArg(lock, str_acquire, Py_False);
+    long long pack_max = v.pack;
+    PyObject *seen = v.seen;
+    PyObject *r = PyObject_CallOneArg(v.acquire, Py_False);
     locked = r == Py_True;
     Py_XDECREF(r);
     if (!locked) goto python; /* another thread is in the dumper: Python waits for it */
@@ -2080,17 +2142,30 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
     PyObject *first = key ? PyDict_GetItemWithError(seen, key) : NULL; /* borrowed */
     if (!first && PyErr_Occurred()) goto python;
     if (!first) {
-        if (n[1] + total > n[0]) goto python; /* a new budget chunk: Dumper._reserve */
+        if (n[1] + total > n[0]) {
+            /* past the budget chunks held: Dumper._reserve takes the next (the lock is held,
+             * as it requires); too little left, or an error: Python takes the dump and says
+             * why */
+            PyObject *tot = PyLong_FromLongLong(total);
+            PyObject *ok = tot ? PyObject_CallMethodOneArg(d, str_reserve, tot) : NULL;
+            Py_XDECREF(tot);
+            reserved = ok == Py_True; /* (it counted the bytes as used) */
+            Py_XDECREF(ok);
+            if (!reserved) goto python;
+        }
         if (key) {
             if (PyDict_GET_SIZE(seen) >= DUMP_SEEN_MAX) PyDict_Clear(seen);
-            if (PyDict_SetItem(seen, key, name) < 0) goto python;
+            if (PyDict_SetItem(seen, key, name) < 0) {
+                if (reserved) n[1] -= total; /* (the chunk stays held) */
+                goto python;
+            }
         }
-        n[1] += total;
+        if (!reserved) n[1] += total;
     } else {
         n[2] += 1;
     }
     Py_XINCREF(first); /* seen may change once the lock is released */
-    r = PyObject_CallMethodNoArgs(lock, str_release);
+    r = PyObject_CallNoArgs(v.release);
     Py_XDECREF(r);
     locked = 0;
     PyBuffer_Release(&nbuf);
@@ -2127,7 +2202,7 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
 python: /* nothing was changed: the Python dumper takes this array */
     PyErr_Clear();
     if (locked) {
-        PyObject *rr = PyObject_CallMethodNoArgs(lock, str_release);
+        PyObject *rr = PyObject_CallNoArgs(v.release);
         Py_XDECREF(rr);
         PyErr_Clear();
     }
@@ -2136,16 +2211,13 @@ python: /* nothing was changed: the Python dumper takes this array */
 fail: /* after the dump's bytes were taken from the budget: reported, no dump in the row */
     *done = -1;
 end:
+    if (nbuf.obj) PyBuffer_Release(&nbuf);
+    dview_release(&v);
     Py_XDECREF(flat);
-    Py_XDECREF(lock);
-    Py_XDECREF(seen);
-    Py_XDECREF(nobj);
-    Py_XDECREF(dg);
     Py_XDECREF(digest);
     Py_XDECREF(key);
     Py_XDECREF(name);
     Py_XDECREF(nb);
-    Py_XDECREF(pk);
     Py_XDECREF(res);
     return out;
 }
@@ -2174,9 +2246,7 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     INTERN(str_lock, "lock");
     INTERN(str_seen, "seen");
     INTERN(str_n, "_n");
-    INTERN(str_exhausted, "exhausted");
-    INTERN(str_disk_full, "disk_full");
-    INTERN(str_dirfd, "dirfd");
+    INTERN(str_reserve, "_reserve");
     INTERN(str_c_digest, "c_digest");
     INTERN(str_pack, "pack");
     INTERN(str_nbytes, "nbytes");
@@ -2189,6 +2259,8 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     if (!g_records_mod && !(g_records_mod = PyImport_ImportModule("pprobe.records"))) return NULL;
     static int atfork = 0;
     if (!atfork && pthread_atfork(NULL, NULL, dump_pid_child) == 0) atfork = 1;
+    dview_release(&g_dv); /* the last dumper's fields */
+    g_dv.view = 0;
     Py_XSETREF(g_dumper, d == Py_None ? NULL : Py_NewRef(d));
     Py_XSETREF(g_dump_submit, d == Py_None ? NULL : Py_NewRef(submit));
     Py_XSETREF(g_dump_head, d == Py_None ? NULL : Py_NewRef(head));

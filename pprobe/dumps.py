@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import re
 import threading
@@ -551,6 +552,26 @@ def _seq_of(prefix: str) -> int:
 
 
 # ---------------------------------------------------------------------- the dumper
+#: Dumper._n[VIEW]: the state of the fields the native core's dumps read (see Dumper._viewed)
+VIEW = 6
+_views = itertools.count(1)
+
+
+def _viewed(name: str) -> property:
+    """An attribute of the Dumper that the native core's dumps read: setting it gives the
+    dumper's fields a new view number (:meth:`Dumper._view`)."""
+    slot = "_" + name
+
+    def get(self: Any) -> Any:
+        return getattr(self, slot)
+
+    def put(self: Any, v: Any) -> None:
+        setattr(self, slot, v)
+        self._view()
+
+    return property(get, put)
+
+
 class Dumper:
     held = _Count(0)  # bytes this process has reserved
     used = _Count(1)  # bytes this process has queued (and, once written, on disk)
@@ -558,6 +579,13 @@ class Dumper:
     skipped = _Count(3)  # dumps not written: too large for the budget left, queue full
     next_k = _Count(4)  # the next budget chunk to try
     errors = _Count(5)
+    # What the native core's dumps (pprobe/_native.c, dump_view) read at every dump, taken
+    # once per view number (``_n[VIEW]``): each of these set gives a new one.
+    exhausted = _viewed("exhausted")  # the budget is used up: dumping stopped
+    disk_full = _viewed("disk_full")  # why dumping stopped after a write failed ("" if not)
+    dirfd = _viewed("dirfd")  # the run folder's descriptor once the first dump opened it
+    c_digest = _viewed("c_digest")
+    lock = _viewed("lock")
 
     def __init__(
         self,
@@ -582,7 +610,13 @@ class Dumper:
         self.chunk = budget // n_chunks if n_chunks else 0
         self.queue_bytes = queue_bytes
         self.wait_when_full = when_full != "skip"
-        self.lock = threading.Lock()
+        # the fields that _view reads, before its first call
+        self._lock = threading.Lock()
+        self._exhausted = budget <= 0
+        self._disk_full = ""  # why dumping stopped after a write failed for lack of space
+        self._dirfd = -1
+        self._c_digest: Any = None
+        self.pack = 0
         self.codec = codec
         if codec == "npy":
             self.io, self.engine = _io()
@@ -594,15 +628,11 @@ class Dumper:
         # chosen at the first dump: xxhash is imported only by a process that dumps
         self.digest: Any = None
         #: the hash function behind ``digest`` for a C-contiguous array's memory (the native
-        #: core's dumps call it directly)
-        self.c_digest: Any = None
+        #: core's dumps call it directly): c_digest, above
         self.content_hash: str | None = None
         self.infos: dict[str, tuple] = {}  # file name -> (codec, max_abs_error, bytes)
-        self.dirfd = -1
         self.failed: dict[str, str] = {}  # file name -> why it was not written
-        self.disk_full = ""  # why dumping stopped after a write failed for lack of space
         self._reset()
-        self.exhausted = budget <= 0
         self._token: str | None = None  # .budget/token once known ("": no hard links here)
         self.ring: Any = None  # pprobe.dumpkeep.Ring: PPROBE_DUMP_KEEP, PPROBE_ON_NAN=dump
         if keep or hold:
@@ -614,11 +644,32 @@ class Dumper:
         #: which a pack cannot give back: with a ring, dumps stay files.
         self.pack = pack if self.ring is None else 0
         self.io.set_host(_UNSAFE.sub("_", host or "host")[:64] or "host")
+        self._view()
 
     def _reset(self) -> None:
-        self._n = array("q", [0] * 6)  # the _Count attributes
+        self._n = array("q", [0] * 7)  # the _Count attributes, then the view number (VIEW)
         self.seen: dict[Any, str] = {}  # content hash + header (bytes) -> the first file's name
         self._headers: dict[Any, bytes] = {}
+        self._view()
+
+    def _view(self) -> None:
+        """Number the current state of what the native core's dumps read from this dumper
+        (``lock``, ``seen``, ``_n``, ``pack``, ``c_digest``, ``content_hash``): 0 while every
+        dump is Python's (the folder not opened yet, no digest yet, the budget used up, the
+        disk full), else a number no earlier state had. The core takes those fields again
+        when the number or the ``_n`` array changes (a forked child's: :meth:`_reset`), so a
+        dump costs it no attribute lookup. Call it after changing any of them (the
+        attributes it depends on call it when set)."""
+        n = getattr(self, "_n", None)
+        if n is None:
+            return  # (__init__, before _reset)
+        ok = (
+            self._dirfd >= 0
+            and self._c_digest is not None
+            and not self._exhausted
+            and not self._disk_full
+        )
+        n[VIEW] = next(_views) if ok else 0
 
     def after_fork(self) -> None:
         """A forked child starts with no reserved bytes and no written files of its own."""
@@ -780,7 +831,8 @@ class Dumper:
         if fortran_order(a):  # its memory as it is: C-ordered bytes of its transpose
             a = a.T
         if self.digest is None:
-            self.digest, self.content_hash, self.c_digest = _content_hash(self.io)
+            self.digest, self.content_hash, c_digest = _content_hash(self.io)
+            self.c_digest = c_digest  # (last: it renumbers the view, content_hash included)
         nbytes = a.nbytes
         digest = self.digest(a) if nbytes >= 64 else None
         # bytes, not a tuple: a key lives in ``seen`` (up to 65,536 of them) and a tuple would

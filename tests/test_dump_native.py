@@ -233,9 +233,10 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
     """A C-contiguous or Fortran-ordered plain ndarray of a numeric dtype is dumped by the
     core (the twin of Dumper._dump, with the dumper's own lock, seen contents and budget
     counters; a Fortran-ordered one as its memory, under np.save's Fortran-order header); the
-    first dump of the process (the content hash is chosen there), a strided array, a subclass
-    and a dump that needs a new budget chunk go to recorder._native_dump. Names, dedup and
-    the budget's accounting are the same either way."""
+    first dump of the process (the content hash is chosen there), a strided array and a
+    subclass go to recorder._native_dump. A dump past the budget chunks held stays in the core,
+    which has Dumper._reserve take the next ones. Names, dedup and the budget's accounting
+    are the same either way."""
     r = run_script(
         tmp_path,
         """
@@ -260,10 +261,11 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
         np.negative(a.T)                     # a Fortran-ordered input: the core
         np.negative(a[:, ::2])               # strided: Python
         np.negative(np.ma.masked_array(a))   # a subclass: Python
-        big = np.ones(300_000)               # 2.4 MB: past the chunk held (1 MiB+): Python
         d = Session.active.dumper
+        held = d.held
+        big = np.ones(300_000)               # 2.4 MB: past the chunk held (1 MiB): the core
         print(json.dumps({"n0": n0, "calls": calls[n0:], "linked": d.linked,
-                          "used": d.used, "held": d.held}))
+                          "used": d.used, "held": d.held, "held_before": held}))
         """,
         env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump", "PPROBE_BUDGET": "64MB"},
     ).check()
@@ -272,10 +274,13 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
     out = json.loads(r.out.strip().splitlines()[-1])
     assert out["n0"] == 1
     # a + 1, a + 1, a.T in and its output (NumPy keeps the Fortran order): none; a[:, ::2]
-    # (its output is C-ordered: the core); the masked array in and out; np.ones' output
-    assert out["calls"] == ["ndarray", "MaskedArray", "MaskedArray", "ndarray"], out
+    # (its output is C-ordered: the core); the masked array in and out; not np.ones' output
+    assert out["calls"] == ["ndarray", "MaskedArray", "MaskedArray"], out
     assert out["linked"] >= 2  # c's inputs and output repeat b's
     assert 0 < out["used"] <= out["held"]
+    # np.ones' output took three more 1 MiB chunks (64 MB / 64), claimed from the core
+    assert out["held"] - out["held_before"] >= 300_000 * 8 - (1 << 20), out
+    assert out["used"] > 300_000 * 8, out
     rows = ops(r.run_dir)
     paths = [t["dump_path"] for o in rows for t in tensors(r.run_dir, f"seq = {o['seq']}")]
     assert all(paths), paths
@@ -294,6 +299,66 @@ def test_the_core_makes_plain_dumps_itself_and_leaves_the_rest_to_python(tmp_pat
         assert got[role].flags.f_contiguous and not got[role].flags.c_contiguous, role
         np.testing.assert_array_equal(got[role], want)
     assert not meta(r.run_dir)["errors"], r.err
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_core_sees_each_change_of_the_dumper_at_its_next_dump(tmp_path: Path) -> None:
+    """The core reads the dumper's lock, seen contents, budget counters and digest function
+    once per state of the dumper (Dumper._view numbers them), not at every dump. Stopping the
+    dumps (the budget used up, a full disk) reaches its very next dump, and so does a new seen
+    dict, lock and counters (Dumper._reset, as a forked child's dumper does)."""
+    r = run_script(
+        tmp_path,
+        """
+        import json
+        import numpy as np
+        from pprobe import recorder
+        from pprobe.session import Session
+        calls = []
+        real = recorder._native_dump
+
+        def counting(x, op, seq, kind, idx, header):
+            calls.append(op)
+            return real(x, op, seq, kind, idx, header)
+
+        from pprobe import _native
+        _native.set_dump(counting)
+        d = Session.active.dumper
+        a = np.arange(12.0)
+        np.negative(a)                # the first dump (Python), then the core's
+        np.negative(a + 1)
+        core = len(calls)
+        d.disk_full = "not dumped: no space (a test)"
+        np.negative(a + 2)            # each dump is Python's now: it says why, no file
+        full = len(calls) - core
+        d.disk_full = ""
+        d._reset()                    # new seen, counters: the core takes them
+        held0 = d.held
+        np.negative(a + 3)
+        after = len(calls) - core - full
+        fresh = len(d.seen), d.used, held0
+        d.exhausted = True
+        np.negative(a + 4)
+        print(json.dumps({"core": core, "full": full, "after": after, "fresh": fresh,
+                          "exhausted": len(calls) - core - full - after}))
+        """,
+        env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump", "PPROBE_BUDGET": "64MB"},
+    ).check()
+    import json
+
+    out = json.loads(r.out.strip().splitlines()[-1])
+    assert out["core"] == 1, out  # only the process's first dump
+    assert out["full"] >= 3, out  # a + 2's output, np.negative's input and output
+    # after _reset: the first dump takes a budget chunk in the core, and the core fills the
+    # new seen dict and counters (nothing reached Python)
+    assert out["after"] == 0, out
+    seen, used, held0 = out["fresh"]
+    assert held0 == 0 and used > 0 and seen >= 2, out
+    assert out["exhausted"] >= 3, out
+    notes = [t["note"] for o in ops(r.run_dir) for t in tensors(r.run_dir, f"seq = {o['seq']}")]
+    # every dump Python took then says why it was not made
+    assert notes.count("not dumped: no space (a test)") == out["full"], notes
+    assert notes.count("not dumped: dump budget exhausted") == out["exhausted"], notes
 
 
 @pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -235,6 +236,34 @@ def test_the_budget_chunks(tmp_path: Path, budget: int) -> None:
     assert d.n_chunks * d.chunk <= budget
     assert d.chunk >= min(budget, 1 << 20)
     assert budget - d.n_chunks * d.chunk < d.n_chunks  # only the division's remainder is lost
+
+
+def test_the_dumpers_view_number_changes_with_each_field_the_core_reads(tmp_path: Path) -> None:
+    """Dumper._n[VIEW] (what the native core checks before it takes the dumper's fields again)
+    is 0 until the folder is open and the digest chosen, and while dumping has stopped; every
+    change of a field the core reads gives a number not seen before."""
+    d = dumps.Dumper(str(tmp_path), 8 << 20)
+    view = lambda: d._n[dumps.VIEW]  # noqa: E731
+    assert view() == 0  # not opened, no digest
+    d._open()
+    assert view() == 0
+    d.digest, d.content_hash, d.c_digest = dumps._content_hash(d.io)
+    seen = {view()}
+    assert 0 not in seen
+    for field, value in (("lock", threading.Lock()), ("c_digest", d.c_digest)):
+        setattr(d, field, value)
+        assert view() not in seen, field
+        seen.add(view())
+    n = d._n
+    d._reset()  # (a forked child's dumper): a new _n, numbered at once
+    assert d._n is not n and view() not in seen and view() != 0
+    for field, stop, go in (("disk_full", "not dumped: full", ""), ("exhausted", True, False)):
+        setattr(d, field, stop)
+        assert view() == 0, field
+        setattr(d, field, go)
+        assert view() not in seen and view() != 0, field
+        seen.add(view())
+    d.close()
 
 
 @pytest.mark.parametrize("refused", [None, PermissionError, NotImplementedError])
