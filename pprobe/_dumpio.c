@@ -40,6 +40,7 @@ typedef struct Job {
     int has_dg;  /* dg is the XXH3-128 digest of data[hlen..len): a version 2 pack entry */
     uint32_t hlen;
     unsigned char dg[16];
+    int one_block; /* name, link and data are in the job's own block (dq_submit) */
 } Job;
 
 typedef struct Failure {
@@ -466,9 +467,11 @@ static void note_pack_failure(const char *name) {
 }
 
 static void free_job(Job *j) {
-    free(j->name);
-    free(j->link);
-    free(j->data);
+    if (!j->one_block) {
+        free(j->name);
+        free(j->link);
+        free(j->data);
+    }
     free(j);
 }
 
@@ -580,9 +583,15 @@ static void *worker(void *unused) {
             if (j->err) {
                 n_failed++;
                 Failure *f = malloc(sizeof(Failure));
+                if (f && j->one_block && !(f->name = strdup(j->name))) {
+                    free(f); /* (counted in n_failed all the same) */
+                    f = NULL;
+                }
                 if (f) {
-                    f->name = j->name;
-                    j->name = NULL;
+                    if (!j->one_block) {
+                        f->name = j->name;
+                        j->name = NULL;
+                    }
                     f->err = j->err;
                     f->next = failures;
                     failures = f;
@@ -660,21 +669,18 @@ static void atfork_child(void) {
     running = stopping = 0;
 }
 
-static char *dup_utf8(PyObject *s) {
-    Py_ssize_t n;
-    const char *c = PyUnicode_AsUTF8AndSize(s, &n);
+/* s's UTF-8 (the str's own, NUL-terminated) and its length in *n, or NULL with an error
+ * set: a dump name is one non-empty path component */
+static const char *name_utf8(PyObject *s, size_t *n) {
+    Py_ssize_t k;
+    const char *c = PyUnicode_AsUTF8AndSize(s, &k);
     if (!c) return NULL;
-    if ((Py_ssize_t)strlen(c) != n || !n || memchr(c, '/', (size_t)n)) {
+    if ((Py_ssize_t)strlen(c) != k || !k || memchr(c, '/', (size_t)k)) {
         PyErr_SetString(PyExc_ValueError, "a dump name is one non-empty path component");
         return NULL;
     }
-    char *d = malloc((size_t)n + 1);
-    if (!d) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    memcpy(d, c, (size_t)n + 1);
-    return d;
+    *n = (size_t)k;
+    return c;
 }
 
 /* open(dirfd, max_bytes): the run folder's descriptor (duplicated) and the queue's memory */
@@ -800,35 +806,45 @@ static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (wait < 0) return NULL;
     int pack = n >= 6 ? PyObject_IsTrue(a[5]) : 0;
     if (pack < 0) return NULL;
-    Job *j = calloc(1, sizeof(Job));
-    if (!j) return PyErr_NoMemory();
-    j->pack = pack;
-    j->name = dup_utf8(a[0]);
-    if (!j->name) goto fail;
+    /* One block: the job, its data (the .npy header and the array's bytes), its name and the
+     * name it links to (one malloc and one free a dump). */
+    size_t nl = 0, ll = 0;
+    const char *nm = name_utf8(a[0], &nl), *lk = NULL;
+    if (!nm) return NULL;
     if (a[3] != Py_None) {
         if (!PyUnicode_Check(a[3])) {
             PyErr_SetString(PyExc_TypeError, "link: str or None");
-            goto fail;
+            return NULL;
         }
-        j->link = dup_utf8(a[3]);
-        if (!j->link) goto fail;
+        if (!(lk = name_utf8(a[3], &ll))) return NULL;
+    }
+    Py_buffer view;
+    int have = 0;
+    Py_ssize_t hl = lk ? 0 : PyBytes_GET_SIZE(a[1]);
+    size_t dl = 0;
+    if (!lk && a[2] != Py_None) {
+        if (PyObject_GetBuffer(a[2], &view, PyBUF_STRIDES) < 0) return NULL;
+        have = 1;
+        dl = (size_t)view.len;
+    }
+    size_t len = (size_t)hl + dl, extra = nl + 1 + (lk ? ll + 1 : 0);
+    Job *j = len > SIZE_MAX - sizeof(Job) - extra ? NULL : malloc(sizeof(Job) + len + extra);
+    if (!j) {
+        if (have) PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    memset(j, 0, sizeof *j);
+    j->one_block = 1;
+    j->pack = pack;
+    j->data = (char *)(j + 1);
+    j->name = j->data + len;
+    memcpy(j->name, nm, nl + 1);
+    if (lk) {
+        j->link = j->name + nl + 1;
+        memcpy(j->link, lk, ll + 1);
+        j->data = NULL; /* (an alias has no data) */
     } else {
-        Py_buffer view;
-        int have = 0;
-        Py_ssize_t hl = PyBytes_GET_SIZE(a[1]);
-        size_t dl = 0;
-        if (a[2] != Py_None) {
-            if (PyObject_GetBuffer(a[2], &view, PyBUF_STRIDES) < 0) goto fail;
-            have = 1;
-            dl = (size_t)view.len;
-        }
-        j->len = (size_t)hl + dl;
-        j->data = malloc(j->len ? j->len : 1);
-        if (!j->data) {
-            if (have) PyBuffer_Release(&view);
-            PyErr_NoMemory();
-            goto fail;
-        }
+        j->len = len;
         memcpy(j->data, PyBytes_AS_STRING(a[1]), (size_t)hl);
         if (have) {
             int contiguous = PyBuffer_IsContiguous(&view, 'C');
