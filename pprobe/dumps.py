@@ -552,7 +552,8 @@ def _seq_of(prefix: str) -> int:
 
 
 # ---------------------------------------------------------------------- the dumper
-#: Dumper._n[VIEW]: the state of the fields the native core's dumps read (see Dumper._viewed)
+#: Dumper._n[VIEW]: the number of the state of the fields the native core's dumps read
+#: (Dumper._view; pprobe/_native.c, dview_take)
 VIEW = 6
 _views = itertools.count(1)
 
@@ -579,7 +580,7 @@ class Dumper:
     skipped = _Count(3)  # dumps not written: too large for the budget left, queue full
     next_k = _Count(4)  # the next budget chunk to try
     errors = _Count(5)
-    # What the native core's dumps (pprobe/_native.c, dump_view) read at every dump, taken
+    # What the native core's dumps (pprobe/_native.c, dview_take) read at every dump, taken
     # once per view number (``_n[VIEW]``): each of these set gives a new one.
     exhausted = _viewed("exhausted")  # the budget is used up: dumping stopped
     disk_full = _viewed("disk_full")  # why dumping stopped after a write failed ("" if not)
