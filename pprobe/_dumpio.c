@@ -40,8 +40,7 @@ typedef struct Job {
     int has_dg;  /* dg is the XXH3-128 digest of data[hlen..len): a version 2 pack entry */
     uint32_t hlen;
     unsigned char dg[16];
-    int one_block; /* name, link and data are in the job's own block (dq_submit) */
-} Job;
+} Job; /* one malloc'd block: the job, then its data, its name and its link (dq_submit) */
 
 typedef struct Failure {
     struct Failure *next;
@@ -466,14 +465,7 @@ static void note_pack_failure(const char *name) {
     pack_failed[n_pack_failed++] = name_hash(name);
 }
 
-static void free_job(Job *j) {
-    if (!j->one_block) {
-        free(j->name);
-        free(j->link);
-        free(j->data);
-    }
-    free(j);
-}
+static void free_job(Job *j) { free(j); /* (name, link and data are in its block) */ }
 
 static int write_all(int fd, const char *p, size_t n) {
     while (n) {
@@ -583,15 +575,11 @@ static void *worker(void *unused) {
             if (j->err) {
                 n_failed++;
                 Failure *f = malloc(sizeof(Failure));
-                if (f && j->one_block && !(f->name = strdup(j->name))) {
+                if (f && !(f->name = strdup(j->name))) {
                     free(f); /* (counted in n_failed all the same) */
                     f = NULL;
                 }
                 if (f) {
-                    if (!j->one_block) {
-                        f->name = j->name;
-                        j->name = NULL;
-                    }
                     f->err = j->err;
                     f->next = failures;
                     failures = f;
@@ -834,7 +822,6 @@ static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         return PyErr_NoMemory();
     }
     memset(j, 0, sizeof *j);
-    j->one_block = 1;
     j->pack = pack;
     j->data = (char *)(j + 1);
     j->name = j->data + len;

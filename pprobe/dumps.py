@@ -617,7 +617,6 @@ class Dumper:
         self._disk_full = ""  # why dumping stopped after a write failed for lack of space
         self._dirfd = -1
         self._c_digest: Any = None
-        self.pack = 0
         self.codec = codec
         if codec == "npy":
             self.io, self.engine = _io()
