@@ -377,6 +377,9 @@ def _writer_figures(vr: VariantRuns) -> dict[str, Any]:
 
 #: msprobe (mindstudio-probe) as a peer on the torch MLP: its task -> the variant's name.
 MSPROBE = {"statistics": "msprobe statistics", "tensor": "msprobe tensor"}
+#: the torch MLP's reference for the api level: an empty TorchFunctionMode (mlp_torch.py's
+#: ``empty_mode``), what a probe built on the mode pays before it records anything
+FLOOR = "TorchFunctionMode, pass-through"
 MSPROBE_PIP = "pip install mindstudio-probe==26.2.0, optional: see docs/performance.md"
 
 
@@ -418,6 +421,8 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
             needs_torch=True,
         ),
         Variant("torch.profiler", args={"profiler": True}),
+        # the floor of an api-level probe on TorchFunctionMode: the mode, a pass-through handler
+        Variant(FLOOR, args={"empty_mode": True}),
         # docs/extending.md's cost: one @table and one @metric sampled at every step boundary
         Variant(
             "log + ext (native)",
@@ -432,8 +437,8 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
     extra += msprobe_variants(dump_dir)
     vs = _variants(True, extra)
     if plan.quick:  # ~2-5 s per torch child: the smoke run keeps one probed mode per level
-        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler", "log + ext (native)",
-                *MSPROBE.values())  # fmt: skip
+        keep = ("none", *LOG.values(), "module", "aten", "torch.profiler", FLOOR,
+                "log + ext (native)", *MSPROBE.values())  # fmt: skip
         vs = [v for v in vs if v.name in keep]
     try:
         _program(sec, "mlp_torch", vs, plan, {"steps": plan.mlp_steps}, log, "step")
@@ -446,6 +451,13 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
 
 def _peer_note(sec: Section) -> None:
     """How the peers ran: torch.profiler, and msprobe when it is installed."""
+    sec.notes.append(
+        f"{FLOOR} (a reference, not a peer): the warm-up and timed steps inside a "
+        "TorchFunctionMode whose handler only calls each function; torch hands that mode "
+        "every call, property reads such as the optimizer's p.grad included, so an api-level "
+        "probe built on the mode (pprobe's api level) pays at least this before it records "
+        "anything"
+    )
     sec.notes.append(
         "peers (context, not targets): torch.profiler(record_shapes=True) around the timed "
         "steps, finish = __exit__ + export_chrome_trace; msprobe (mindstudio-probe) "

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .harness import untouched_all
-from .suites import ENGINES, LOG, Section
+from .suites import ENGINES, FLOOR, LOG, Section
 
 Target = dict[str, Any]
 
@@ -237,6 +237,9 @@ def _programs(s: dict[str, Section]) -> list[Target]:
             rp = ratios.get(LOG["python"])
             if rp is not None:
                 fig += f"; python engine: x{rp:.2f}"
+            floor = ratios.get(FLOOR)
+            if floor is not None:  # the mode's own cost (torch MLP): what no handler avoids
+                fig += f"; an empty TorchFunctionMode: x{floor:.2f}"
             fig += old
         out.append(
             _t(

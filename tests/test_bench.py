@@ -70,7 +70,7 @@ def test_mlp_torch_section_reports_msprobe_unavailable(
                 v.python = bare_python
                 vr.runs.append(harness.run_child(script, args, v, None, timeout=120))
                 continue
-            t = {"none": 1.0, "torch.profiler": 3.0}.get(v.name, 1.5)
+            t = {"none": 1.0, "torch.profiler": 3.0, suites.FLOOR: 1.25}.get(v.name, 1.5)
             vr.runs.append(harness.Outcome("ok", {"loop_s": t, "finish_s": 0.0}, t, 100.0))
         return runs
 
@@ -89,6 +89,24 @@ def test_mlp_torch_section_reports_msprobe_unavailable(
     assert not any("msprobe" in t for t in judged)  # peers are context, not targets
     what = "log mode (native engine): torch MLP overhead vs torch.profiler(record_shapes)"
     assert judged[what]["status"] == "met"  # +50% vs the profiler's +200%
+    # the mode's own cost is shown beside the figure it bounds, and is no target itself
+    mlp = judged["log mode (native engine): torch MLP"]
+    assert mlp["figure"].endswith("; an empty TorchFunctionMode: x1.25"), mlp["figure"]
+    assert not any("TorchFunctionMode" in t for t in judged)
+    assert any(n.startswith(suites.FLOOR) for n in sec.notes)
+
+
+def test_the_pass_through_mode_runs_the_steps_inside_a_torch_function_mode() -> None:
+    """mlp_torch's empty_mode: the steps run with a TorchFunctionMode entered (the floor of
+    an api-level probe), and give the same losses as without it."""
+    got = {}
+    for mode in (False, True):
+        v = harness.Variant("x", args={"empty_mode": mode})
+        o = harness.run_child("mlp_torch", {"steps": 3, "clock": "cpu"}, v, None, timeout=300)
+        assert o.status == "ok", o.error
+        got[mode] = o.data
+    assert got[True]["final_loss"] == got[False]["final_loss"]
+    assert got[True]["mode_active"] is True and got[False]["mode_active"] is False
 
 
 ANNOTATED = """\

@@ -4,6 +4,9 @@ Times ``steps`` training steps after ``warmup`` steps. With ``profiler`` set the
 run inside torch.profiler.profile(record_shapes=True); its exit and a Chrome-trace export are
 timed as the finish cost (for pprobe the finish is its own stop: flush and metadata).
 
+With ``empty_mode`` set, the warm-up and timed steps run inside a TorchFunctionMode whose
+handler only calls each function (:class:`_PassThrough`): what the mode alone costs.
+
 With ``msprobe`` set to ``statistics`` or ``tensor`` (mindstudio-probe's task), the warm-up and
 timed steps each run between msprobe's ``PrecisionDebugger`` ``start(model)``, ``stop()`` and
 ``step()``, at level L1 (every torch API call). msprobe writes each step's dump inside the loop
@@ -443,7 +446,19 @@ def _thread_cpu(sampler: Any) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(sampler.thread.ident))
 
 
+class _PassThrough(torch.overrides.TorchFunctionMode):
+    """``empty_mode``: a TorchFunctionMode that records nothing and calls each function as it
+    is. It is the floor of any api-level probe built on the mode (pprobe's ``api`` level is
+    one): torch hands every call to the mode, property reads included (``p.grad`` in the
+    optimizer), and a pass-through handler is the least a handler can do."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
 def main() -> None:
+    if ARGS.get("empty_mode"):  # around the warm-up and the timed steps, as pprobe's modes
+        _PassThrough().__enter__()
     if not ARGS.get("msprobe"):  # msprobe's warm-up runs under it (run_msprobe)
         for i in range(warmup):
             step(i)
@@ -490,6 +505,7 @@ def main() -> None:
         out["loop_thread_s"] = time.thread_time() - t0  # the main thread's CPU only
         loop.put(out, "loop_s")
     out["final_loss"] = float(step(steps).detach())
+    out["mode_active"] = torch._C._is_torch_function_mode_enabled()
     emit(out)
 
 
