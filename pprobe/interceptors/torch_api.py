@@ -204,7 +204,11 @@ def _py_torch_function(self: Any, func: Any, types: Any, args: Any = (), kwargs:
     """ApiMode.__torch_function__ in Python: the Python engine, and PPROBE_SYNC. With the
     native engine the class holds a copy of this function whose calls run the native handler
     (torch_function in pprobe/_native.c: no Python frame of pprobe's between the program and
-    the op); dynamo, which inlines bytecode, still traces this code (see :func:`_set_handler`)."""
+    the op); dynamo, which inlines bytecode, still traces this code (see :func:`_set_handler`).
+    On CPython 3.11 a call of the copy from Python bytecode (torch.overrides'
+    handle_torch_function, for Python-level torch functions such as F.relu) runs this code
+    too: 3.11 pushes a Python function's frame whatever its vectorcall (pprobe/_native.c,
+    tf_vectorcall); the first branch below is that case."""
     __tracebackhide__ = True  # pytest and IPython leave this frame out of tracebacks
     if _torch_call is not None and not _sync and _on and not _is_compiling():
         # the native core: op lookup, phase, descriptions and the row, in C
