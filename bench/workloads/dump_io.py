@@ -6,7 +6,10 @@
 - ``duty``: the same op after ``busy`` iterations of pure-Python work (the main thread keeps
   computing between ops: a background writer would have to win the GIL from it);
 - ``np_save``: ``np.save`` of the same two arrays per iteration to new files, no probe;
-- ``disk``: the same total bytes as one large write to one new file (``fsync`` optional).
+- ``disk``: the same total bytes as one large write to one new file (``fsync`` optional;
+  ``direct``: with O_DIRECT from a page-aligned buffer, the device's own bandwidth whatever
+  the page cache's state, the bytes rounded down to whole 4 KiB blocks; ``unavailable``
+  where the file system refuses O_DIRECT).
 """
 
 from __future__ import annotations
@@ -60,7 +63,14 @@ def main() -> None:
         where = made = tempfile.mkdtemp(prefix="pprobe-bench-io-")
     f0, b0 = dumped()
     total = 2 * count * (x.nbytes + 128)
-    if kind == "disk":
+    direct = kind == "disk" and bool(ARGS.get("direct"))
+    if direct:
+        import mmap
+
+        total -= total % 4096  # O_DIRECT writes whole blocks
+        buf = mmap.mmap(-1, total)  # page-aligned, as O_DIRECT needs
+        buf.write(b"\x01" * total)  # touched before the timing: no page faults
+    elif kind == "disk":
         buf = np.ones(total, dtype=np.uint8)  # touched before the timing: no page faults
     # Every variant starts with no dirty pages in the page cache (untimed): the ~300 MB the
     # previous child left unwritten would otherwise throttle whichever variant runs next (a
@@ -85,6 +95,22 @@ def main() -> None:
                 np.save(os.path.join(where, f"in{i}.npy"), x, allow_pickle=False)
                 np.save(os.path.join(where, f"out{i}.npy"), y, allow_pickle=False)
             out["files"], out["bytes"] = 2 * count, total
+        elif direct:
+            try:
+                fd = os.open(os.path.join(where, "big.bin"),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)  # fmt: skip
+                try:
+                    view, done = memoryview(buf), 0
+                    while done < total:
+                        done += os.write(fd, view[done:])
+                finally:
+                    os.close(fd)
+            except OSError as e:  # EINVAL: this file system has no O_DIRECT
+                if made:
+                    shutil.rmtree(made, ignore_errors=True)
+                emit({"unavailable": f"O_DIRECT refused here: {e}"})
+                return
+            out["files"], out["bytes"] = 1, total
         elif kind == "disk":
             with open(os.path.join(where, "big.bin"), "wb", buffering=0) as f:
                 f.write(memoryview(buf))
@@ -98,7 +124,7 @@ def main() -> None:
     with Span() as dr:
         drain()
     out["drain_s"] = dr.wall
-    if kind == "disk" and ARGS.get("fsync"):
+    if kind == "disk" and (ARGS.get("fsync") or direct):
         out["loop_s"] = sp.wall  # waiting for the device is not CPU time
     if made:
         shutil.rmtree(made, ignore_errors=True)
