@@ -445,12 +445,6 @@ def mlp_torch(plan: Plan, log: Log) -> Section:
     finally:
         shutil.rmtree(dump_dir, ignore_errors=True)
     _writer_note(sec)
-    _peer_note(sec)
-    return sec
-
-
-def _peer_note(sec: Section) -> None:
-    """How the peers ran: torch.profiler, and msprobe when it is installed."""
     sec.notes.append(
         f"{FLOOR} (a reference, not a peer): the warm-up and timed steps inside a "
         "TorchFunctionMode whose handler only calls each function; torch hands that mode "
@@ -458,6 +452,12 @@ def _peer_note(sec: Section) -> None:
         "probe built on the mode (pprobe's api level) pays at least this before it records "
         "anything"
     )
+    _peer_note(sec)
+    return sec
+
+
+def _peer_note(sec: Section) -> None:
+    """How the peers ran: torch.profiler, and msprobe when it is installed."""
     sec.notes.append(
         "peers (context, not targets): torch.profiler(record_shapes=True) around the timed "
         "steps, finish = __exit__ + export_chrome_trace; msprobe (mindstudio-probe) "
