@@ -38,6 +38,7 @@ typedef struct Job {
     int pack;    /* append to this process's pack (pprobe/packs.py) instead of a file */
     int err;     /* the worker's outcome: 0 or an errno */
     int has_dg;  /* dg is the XXH3-128 digest of data[hlen..len): a version 2 pack entry */
+    int written; /* its file was written with the batch's large files (write_large) */
     uint32_t hlen;
     unsigned char dg[16];
 } Job; /* one malloc'd block: the job, then its data, its name and its link (dq_submit) */
@@ -484,6 +485,10 @@ static int write_all(int fd, const char *p, size_t n) {
     return 0;
 }
 
+/* a worker's batch: at most this many jobs, or this many bytes (but at least one job) */
+#define BATCH_JOBS 256
+#define BATCH_BYTES (8u << 20)
+
 /* Create `name` in the run folder with `data`: temporary name, then rename. 0 or an errno. */
 static int write_file(int dfd, const char *name, const char *data, size_t len) {
     size_t nl = strlen(name);
@@ -506,15 +511,103 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
     return err;
 }
 
+/* ------------------------------------------------------------------ large files, two at once
+ * A batch's large dumps that get a file each (PAR_MIN bytes and more: what packs do not
+ * take) are written by the worker and one helper thread together, each taking the next file
+ * in turn, before the batch's other jobs (hard links to them included) and before the batch
+ * is accounted for: a batch is still done as a whole, so a ticket's jobs are all written when
+ * wait() says so. One thread writes one file at a time, creating it, copying its bytes into
+ * the page cache and renaming it; two overlap those steps. */
+#define PAR_MIN (256u << 10)
+static pthread_mutex_t hmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hcv_work = PTHREAD_COND_INITIALIZER; /* a round posted, or quit */
+static pthread_cond_t hcv_done = PTHREAD_COND_INITIALIZER; /* a round's last file written */
+/* under hmu: the round's files, the next to take, how many are not written yet */
+static Job **h_jobs = NULL;
+static int h_n = 0, h_next = 0, h_left = 0, h_dfd = -1, h_running = 0, h_quit = 0;
+static unsigned h_round = 0;
+static uint64_t h_files = 0; /* files the helper wrote (tests: the two-thread path ran) */
+
+/* with hmu held: write the round's files until none is left to take */
+static void h_share(int helper) {
+    while (h_next < h_n) {
+        Job *j = h_jobs[h_next++];
+        int dfd = h_dfd;
+        pthread_mutex_unlock(&hmu);
+        j->err = write_file(dfd, j->name, j->data, j->len);
+        pthread_mutex_lock(&hmu);
+        h_files += helper;
+        if (--h_left == 0) pthread_cond_signal(&hcv_done);
+    }
+}
+
+static void *helper(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&hmu);
+    unsigned seen = h_round;
+    for (;;) {
+        while (h_round == seen && !h_quit) pthread_cond_wait(&hcv_work, &hmu);
+        if (h_quit) break;
+        seen = h_round;
+        h_share(1);
+    }
+    h_running = 0;
+    pthread_mutex_unlock(&hmu);
+    return NULL;
+}
+
+/* Write the batch's large files (two threads), marking them written; their err is set. */
+static void write_large(int dfd, Job *batch) {
+    Job *big[BATCH_JOBS];
+    int n = 0;
+    for (Job *j = batch; j; j = j->next)
+        if (!j->pack && !j->link && j->len >= PAR_MIN) big[n++] = j;
+    if (n < 2) return; /* one file: the batch's loop writes it */
+    pthread_mutex_lock(&hmu);
+    if (!h_running) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        h_quit = 0;
+        int rc = pthread_create(&t, &attr, helper, NULL);
+        pthread_attr_destroy(&attr);
+        if (rc) { /* no helper: the batch's loop writes them one by one */
+            pthread_mutex_unlock(&hmu);
+            return;
+        }
+        h_running = 1;
+    }
+    h_quit = 0; /* (a helper told to quit that has not left yet stays) */
+    h_jobs = big;
+    h_n = n;
+    h_next = 0;
+    h_left = n;
+    h_dfd = dfd;
+    h_round++;
+    pthread_cond_signal(&hcv_work);
+    h_share(0);
+    while (h_left) pthread_cond_wait(&hcv_done, &hmu);
+    h_jobs = NULL;
+    h_n = h_next = 0;
+    pthread_mutex_unlock(&hmu);
+    for (int k = 0; k < n; k++) big[k]->written = 1;
+}
+
+/* the helper stops (the worker is leaving) */
+static void helper_quit(void) {
+    pthread_mutex_lock(&hmu);
+    h_quit = 1;
+    pthread_cond_signal(&hcv_work);
+    pthread_mutex_unlock(&hmu);
+}
+
 /* How long the writer waits for more jobs once its queue runs dry, before it sleeps until a
  * submit wakes it. Meanwhile a submit does not signal it (``idle`` is 0): a program that
  * dumps steadily costs one timed wake-up per LINGER_NS, not a futex wake-up (and two
  * context switches) per dump. A dump is written at most this much later; ``wait`` (the log
  * writer's barrier) still returns as soon as its jobs are done. */
 #define LINGER_NS 1000000L
-/* a worker's batch: at most this many jobs, or this many bytes (but at least one job) */
-#define BATCH_JOBS 256
-#define BATCH_BYTES (8u << 20)
 
 static void *worker(void *unused) {
     (void)unused;
@@ -559,9 +652,14 @@ static void *worker(void *unused) {
         int dfd = dirfd_;
         unsigned gen = dir_gen;
         pthread_mutex_unlock(&mu);
+        write_large(dfd, batch);
         for (Job *j = batch; j;) {
             if (j->pack) {
                 j = append_group(dfd, gen, j);
+                continue;
+            }
+            if (j->written) {
+                j = j->next;
                 continue;
             }
             j->err = j->link ? (linkat(dfd, j->link, dfd, j->name, 0) < 0 ? errno : 0)
@@ -602,6 +700,7 @@ static void *worker(void *unused) {
         pthread_mutex_lock(&mu);
     }
     pack_trim(); /* closed (drained): the pack's preallocated blocks given back */
+    helper_quit();
     running = 0;
     pthread_cond_broadcast(&cv_done);
     pthread_mutex_unlock(&mu);
@@ -630,6 +729,12 @@ static void atfork_child(void) {
     pthread_mutex_init(&mu, NULL);
     pthread_cond_init(&cv_work, NULL);
     pthread_cond_init(&cv_done, NULL);
+    pthread_mutex_init(&hmu, NULL); /* (no helper in the child: one starts when needed) */
+    pthread_cond_init(&hcv_work, NULL);
+    pthread_cond_init(&hcv_done, NULL);
+    h_jobs = NULL;
+    h_n = h_next = h_left = h_running = h_quit = 0;
+    h_files = 0;
     for (int k = 0; k < 2; k++) { /* the queue, and the batch the parent's writer held */
         Job *j = k ? q_busy : q_head;
         while (j) {
@@ -946,6 +1051,14 @@ static PyObject *dq_counters(PyObject *self, PyObject *unused) {
                                 n_files, n_links, n_failed, bytes_written);
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+/* helper_files() -> the files the second writer thread has written (write_large) */
+static PyObject *dq_helper_files(PyObject *self, PyObject *unused) {
+    pthread_mutex_lock(&hmu);
+    uint64_t n = h_files;
+    pthread_mutex_unlock(&hmu);
+    return PyLong_FromUnsignedLongLong(n);
 }
 
 /* close(timeout_s) -> bool: drain the queue, stop the thread, close the folder descriptor */
@@ -2303,6 +2416,8 @@ static PyMethodDef methods[] = {
     {"failures", dq_failures, METH_NOARGS, "[(name, errno, message)] since the last call"},
     {"counters", dq_counters, METH_NOARGS,
      "(queued bytes, submitted, completed, files, links, failed, bytes written)"},
+    {"helper_files", dq_helper_files, METH_NOARGS,
+     "files written by the second writer thread (large files, two at once)"},
     {"close", dq_close, METH_VARARGS, "close(timeout): drain and stop the writer thread"},
     {"digest", py_digest, METH_O, "128-bit content hash of a contiguous buffer"},
     {"crc32", (PyCFunction)(void (*)(void))py_crc32, METH_VARARGS | METH_KEYWORDS,

@@ -541,3 +541,77 @@ def test_content_hash_without_and_with_xxhash(
     # key pairs the digest with the header, whose 'fortran_order' tells the two apart
     assert digest(a.T) is None
     assert digest(a[:, ::2]) is None  # no contiguous buffer: no dedup
+
+
+@pytest.mark.skipif(core.dumpio() is None, reason="the native dump writer is not built")
+def test_large_files_are_written_two_at_once_and_each_is_whole(tmp_path: Path) -> None:
+    """A batch's large dumps (256 KiB and more, one file each) are written by the writer and a
+    helper thread together: every file has its bytes, a hard link submitted right after its
+    target finds it, a failure is reported for its own file only, and wait() returns only once
+    every file up to the ticket is written. A forked child writes its own with a helper of its
+    own."""
+    mod = core.dumpio()
+    q = dumps.NativeQueue(mod)
+    rng = np.random.default_rng(3)
+
+    def burst(d: Path, tag: str, rounds: int = 10) -> dict[str, np.ndarray]:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            q.open(fd, 256 << 20)
+            want: dict[str, np.ndarray] = {}
+            start = mod.helper_files()
+            for r in range(rounds):  # until the helper took part (it does in the first, here)
+                for i in range(8):
+                    a = rng.standard_normal(40_000 + 1_000 * i)  # 320-376 KB, new contents
+                    name = f"{tag}{r}_{i}.npy"
+                    assert q.submit(name, b"H" * 64, a, None, True)
+                    want[name] = a
+                    if i == 3:  # a link in the same batch as its target
+                        assert q.submit(f"{tag}{r}_link.npy", b"", None, name, True)
+                        want[f"{tag}{r}_link.npy"] = a
+                assert q.wait(q.ticket(), 30.0)
+                if mod.helper_files() > start:
+                    break
+            assert mod.helper_files() > start
+            assert q.close(30.0)
+            return want
+        finally:
+            os.close(fd)
+
+    d = tmp_path / "run"
+    d.mkdir()
+    os.symlink(tmp_path / "victim", d / ".blocked.npy.tmp")  # never followed: this one fails
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        q.open(fd, 256 << 20)
+        q.failures()  # (earlier tests' failures)
+        big = rng.standard_normal(50_000)
+        assert q.submit("blocked.npy", b"H" * 64, big, None, True)
+        assert q.submit("fine.npy", b"H" * 64, big + 1, None, True)
+        assert q.wait(q.ticket(), 30.0)
+        assert [n for n, _, _ in q.failures()] == ["blocked.npy"]
+        assert not (tmp_path / "victim").exists()
+        assert q.close(30.0)
+    finally:
+        os.close(fd)
+    want = burst(d, "p")
+    for name, a in want.items():
+        raw = (d / name).read_bytes()
+        assert raw[:64] == b"H" * 64 and np.array_equal(np.frombuffer(raw[64:]), a), name
+    assert not [p.name for p in d.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+    r0 = next(n for n in want if n.endswith("_link.npy"))
+    assert (d / r0).stat().st_ino == (d / r0.replace("link", "3")).stat().st_ino
+
+    c = tmp_path / "child"
+    c.mkdir()
+    pid = os.fork()
+    if pid == 0:  # the child: its queue and helper start afresh
+        code = 1
+        try:
+            got = burst(c, "c", rounds=20)
+            code = 0 if all(np.array_equal(np.frombuffer((c / n).read_bytes()[64:]), a)
+                            for n, a in got.items()) else 2  # fmt: skip
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
