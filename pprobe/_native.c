@@ -28,6 +28,8 @@
 #include <time.h>
 #include <pthread.h>
 #include <unistd.h>
+#include <errno.h>
+#include <sys/uio.h>
 
 #if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
 #error "pprobe._native supports CPython 3.10 to 3.13"
@@ -39,7 +41,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 13
+#define PPROBE_NATIVE_API 14
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -4339,6 +4341,662 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ Arrow IPC messages
+ * The native twins of pprobe/arrowipc.py's schema_message, batch_message and lz4_periodic
+ * (and safefs.write_all_v's writev loop): the same bytes, without a Python call per buffer.
+ * FB is arrowipc._Builder: a back-to-front flatbuffer builder whose positions are offsets from
+ * the buffer's end; its data is mem[cap - len .. cap). */
+typedef struct {
+    unsigned char *mem;
+    size_t cap, len;
+    int oom;
+} FB;
+
+static int fb_room(FB *b, size_t n) {
+    if (b->oom) return -1;
+    if (b->cap - b->len >= n) return 0;
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap - b->len < n) cap *= 2;
+    unsigned char *m = PyMem_Malloc(cap);
+    if (!m) {
+        b->oom = 1;
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (b->len) memcpy(m + cap - b->len, b->mem + b->cap - b->len, b->len);
+    PyMem_Free(b->mem);
+    b->mem = m;
+    b->cap = cap;
+    return 0;
+}
+
+static void fb_prepend(FB *b, const void *p, size_t n) {
+    if (fb_room(b, n) < 0) return;
+    b->len += n;
+    if (p)
+        memcpy(b->mem + b->cap - b->len, p, n);
+    else
+        memset(b->mem + b->cap - b->len, 0, n);
+}
+
+/* pad so that `extra` bytes prepended next leave the buffer aligned to `align` */
+static void fb_prep(FB *b, size_t align, size_t extra) {
+    size_t pad = (align - (b->len + extra) % align) % align;
+    if (pad) fb_prepend(b, NULL, pad);
+}
+
+static void fb_u32(FB *b, uint32_t v) {
+    unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                           (unsigned char)(v >> 24)};
+    fb_prepend(b, le, 4);
+}
+
+static void fb_le(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int64_t fb_string(FB *b, const char *s, size_t n) {
+    fb_prep(b, 4, n + 1);
+    fb_prepend(b, NULL, 1);
+    fb_prepend(b, s, n);
+    fb_prep(b, 4, 4);
+    fb_u32(b, (uint32_t)n);
+    return (int64_t)b->len;
+}
+
+static int64_t fb_offsets(FB *b, const int64_t *targets, size_t n) {
+    fb_prep(b, 4, 4 * (n + 1));
+    for (size_t i = n; i-- > 0;) fb_u32(b, (uint32_t)((int64_t)b->len + 4 - targets[i]));
+    fb_prep(b, 4, 4);
+    fb_u32(b, (uint32_t)n);
+    return (int64_t)b->len;
+}
+
+/* a vector of 16-byte structs (two int64s each): the values, little-endian */
+static int64_t fb_structs(FB *b, const int64_t *vals, size_t count) {
+    size_t nb = 16 * count;
+    fb_prep(b, 8, nb);
+    if (fb_room(b, nb) == 0) {
+        b->len += nb;
+        unsigned char *p = b->mem + b->cap - b->len;
+        for (size_t i = 0; i < 2 * count; i++) fb_le(p + 8 * i, (uint64_t)vals[i], 8);
+    }
+    fb_prep(b, 4, 4);
+    fb_u32(b, (uint32_t)count);
+    return (int64_t)b->len;
+}
+
+/* a table field: its slot, its size (8 "q", 4 "i", 2 "h", 1 "B"/"?"; 0: an offset, "off",
+ * 4 bytes) and value */
+typedef struct {
+    int slot, size;
+    int64_t value;
+} FBField;
+
+static int64_t fb_table(FB *b, const FBField *f, int n) {
+    int64_t start = (int64_t)b->len;
+    int64_t where[16];
+    int nslots = 0;
+    for (int k = 0; k < 16; k++) where[k] = -1;
+    static const int order[4] = {8, 4, 2, 1}; /* wider first; stable, as Python's sorted() */
+    for (int o = 0; o < 4; o++)
+        for (int i = 0; i < n; i++) {
+            int sz = f[i].size ? f[i].size : 4;
+            if (sz != order[o]) continue;
+            if (!f[i].size) {
+                fb_prep(b, 4, 4);
+                fb_u32(b, (uint32_t)((int64_t)b->len + 4 - f[i].value));
+            } else {
+                unsigned char le[8];
+                fb_le(le, (uint64_t)f[i].value, sz);
+                fb_prep(b, (size_t)sz, (size_t)sz);
+                fb_prepend(b, le, (size_t)sz);
+            }
+            where[f[i].slot] = (int64_t)b->len;
+            if (f[i].slot + 1 > nslots) nslots = f[i].slot + 1;
+        }
+    fb_prep(b, 4, 4);
+    fb_prepend(b, NULL, 4); /* the soffset to the vtable, set below */
+    int64_t pos = (int64_t)b->len;
+    size_t vtl = 2 * (size_t)(2 + nslots);
+    unsigned char vt[2 * 18];
+    fb_le(vt, 4 + 2 * (uint64_t)nslots, 2);
+    fb_le(vt + 2, (uint64_t)(pos - start), 2);
+    for (int s = 0; s < nslots; s++) fb_le(vt + 4 + 2 * s, where[s] >= 0 ? (uint64_t)(pos - where[s]) : 0, 2);
+    fb_prepend(b, vt, vtl);
+    if (!b->oom) fb_le(b->mem + b->cap - b->len + vtl, (uint64_t)vtl, 4);
+    return pos;
+}
+
+/* the encapsulated message: continuation, metadata length, the Message flatbuffer (finished
+ * and padded to 8 bytes); a bytes object, or NULL with an error */
+static PyObject *fb_message(FB *b, int header_type, int64_t header, int64_t body_length) {
+    FBField mf[4] = {{0, 2, 4 /* V5 */}, {1, 1, header_type}, {2, 0, header}, {3, 8, body_length}};
+    int64_t msg = fb_table(b, mf, 4);
+    fb_prep(b, 8, 4);
+    fb_u32(b, (uint32_t)((int64_t)b->len + 4 - msg));
+    if (b->oom) return NULL;
+    size_t meta = b->len, pad = (8 - meta % 8) % 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(8 + meta + pad));
+    if (!out) return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    memset(o, 0xff, 4);
+    fb_le(o + 4, (uint64_t)(meta + pad), 4);
+    memcpy(o + 8, b->mem + b->cap - meta, meta);
+    memset(o + 8 + meta, 0, pad);
+    return out;
+}
+
+static int64_t fb_pystring(FB *b, PyObject *s) {
+    /* a str's UTF-8 ("replace" for what has none: arrowipc's encode) */
+    PyObject *e = PyUnicode_AsEncodedString(s, "utf-8", "replace");
+    if (!e) {
+        b->oom = 1;
+        return -1;
+    }
+    int64_t r = fb_string(b, PyBytes_AS_STRING(e), (size_t)PyBytes_GET_SIZE(e));
+    Py_DECREF(e);
+    return r;
+}
+
+/* arrowipc._field: type one of "utf8", "int32", "int64", "float64", "bool", "list<int64>" */
+static int64_t fb_field(FB *b, PyObject *name, const char *tp) {
+    int64_t kids[1];
+    size_t nk = 0;
+    if (!strcmp(tp, "list<int64>")) {
+        PyObject *item = PyUnicode_FromString("item");
+        if (!item) {
+            b->oom = 1;
+            return -1;
+        }
+        kids[nk++] = fb_field(b, item, "int64");
+        Py_DECREF(item);
+    }
+    int t_type;
+    int64_t t;
+    if (!strcmp(tp, "int32") || !strcmp(tp, "int64")) {
+        FBField f[2] = {{0, 4, tp[3] == '3' ? 32 : 64}, {1, 1, 1}};
+        t_type = 2, t = fb_table(b, f, 2);
+    } else if (!strcmp(tp, "float64")) {
+        FBField f[1] = {{0, 2, 2 /* DOUBLE */}};
+        t_type = 3, t = fb_table(b, f, 1);
+    } else if (!strcmp(tp, "utf8") || !strcmp(tp, "bool") || !strcmp(tp, "list<int64>")) {
+        t_type = tp[0] == 'u' ? 5 : tp[0] == 'b' ? 6 : 12;
+        t = fb_table(b, NULL, 0);
+    } else {
+        PyErr_Format(PyExc_ValueError, "arrowipc: no encoding for type '%s'", tp);
+        b->oom = 1;
+        return -1;
+    }
+    int64_t kv = fb_offsets(b, kids, nk);
+    int64_t nm = fb_pystring(b, name);
+    FBField f[5] = {{0, 0, nm}, {1, 1, 1}, {2, 1, t_type}, {3, 0, t}, {5, 0, kv}};
+    return fb_table(b, f, 5);
+}
+
+/* ipc_schema_message(fields, metadata) -> bytes: arrowipc.schema_message */
+static PyObject *ipc_schema_message(PyObject *self, PyObject *args) {
+    PyObject *fields, *meta;
+    if (!PyArg_ParseTuple(args, "OO!", &fields, &PyDict_Type, &meta)) return NULL;
+    PyObject *seq = PySequence_Fast(fields, "schema_message: fields must be a sequence");
+    if (!seq) return NULL;
+    FB b = {0};
+    PyObject *out = NULL;
+    Py_ssize_t nf = PySequence_Fast_GET_SIZE(seq), nm = PyDict_GET_SIZE(meta);
+    int64_t *fo = PyMem_Malloc(sizeof(int64_t) * (size_t)(nf + nm + 1));
+    if (!fo) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t pos = 0, k = 0;
+    PyObject *key, *val;
+    while (PyDict_Next(meta, &pos, &key, &val)) {
+        if (!PyUnicode_Check(key) || !PyUnicode_Check(val)) {
+            PyErr_SetString(PyExc_TypeError, "schema_message: metadata is str -> str");
+            goto done;
+        }
+        int64_t vs = fb_pystring(&b, val), ks = fb_pystring(&b, key);
+        FBField f[2] = {{0, 0, ks}, {1, 0, vs}};
+        fo[k++] = fb_table(&b, f, 2);
+    }
+    int64_t kvs = fb_offsets(&b, fo, (size_t)k);
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(it, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(it, 1))) {
+            PyErr_SetString(PyExc_TypeError, "schema_message: fields are (name, type) str pairs");
+            goto done;
+        }
+        const char *tp = PyUnicode_AsUTF8(PyTuple_GET_ITEM(it, 1));
+        if (!tp) goto done;
+        fo[i] = fb_field(&b, PyTuple_GET_ITEM(it, 0), tp);
+        if (b.oom) goto done;
+    }
+    int64_t fs = fb_offsets(&b, fo, (size_t)nf);
+    FBField sf[2] = {{1, 0, fs}, {2, 0, kvs}};
+    int64_t sch = fb_table(&b, sf, 2);
+    if (!b.oom) out = fb_message(&b, 1 /* Schema */, sch, 0);
+done:
+    PyMem_Free(fo);
+    PyMem_Free(b.mem);
+    Py_DECREF(seq);
+    return out;
+}
+
+/* arrowipc._lz4_extra: an LZ4 length's bytes after the token's 15 */
+static void lz4_extra(PyObject *frame, size_t *at, size_t n, int write) {
+    n -= 15;
+    size_t k = n / 255;
+    if (write) {
+        unsigned char *o = (unsigned char *)PyBytes_AS_STRING(frame) + *at;
+        memset(o, 0xff, k);
+        o[k] = (unsigned char)(n % 255);
+    }
+    *at += k + 1;
+}
+
+/* arrowipc._lz4_block into frame at *at (write 0: only measure): `size` bytes that repeat
+ * `pat` rotated by `ph` */
+static void lz4_block(PyObject *frame, size_t *at, const unsigned char *pat, size_t p, size_t ph,
+                      size_t size, int write) {
+    unsigned char *o = write ? (unsigned char *)PyBytes_AS_STRING(frame) : NULL;
+    if (size < p + 12 || p > 0xFFFF) { /* stored: the size field's high bit, then the bytes */
+        if (write) {
+            fb_le(o + *at, (uint64_t)(size | 0x80000000u), 4);
+            for (size_t i = 0; i < size; i++) o[*at + 4 + i] = pat[(ph + i) % p];
+        }
+        *at += 4 + size;
+        return;
+    }
+    size_t match = size - p - 5;
+    size_t lit = p < 15 ? p : 15, ml = match - 4 < 15 ? match - 4 : 15;
+    size_t head = *at;
+    *at += 4; /* the block's size, set below */
+    if (write) o[*at] = (unsigned char)((lit << 4) | ml);
+    *at += 1;
+    if (p >= 15) lz4_extra(frame, at, p, write);
+    if (write)
+        for (size_t i = 0; i < p; i++) o[*at + i] = pat[(ph + i) % p];
+    *at += p;
+    if (write) fb_le(o + *at, (uint64_t)p, 2);
+    *at += 2;
+    if (match - 4 >= 15) lz4_extra(frame, at, match - 4, write);
+    if (write) {
+        o[*at] = 0x50; /* the last sequence: 5 literals, no match */
+        for (size_t i = 0; i < 5; i++) o[*at + 1 + i] = pat[(ph + size - 5 + i) % p];
+    }
+    *at += 6;
+    if (write) fb_le(o + head, (uint64_t)(*at - head - 4), 4);
+}
+
+#define LZ4_BLOCK_MAX (4u << 20)
+static const unsigned char LZ4_HEAD[7] = {0x04, 0x22, 0x4d, 0x18, 0x60, 0x70, 0x73};
+
+/* arrowipc.lz4_periodic: an LZ4 frame of `size` bytes repeating `pat` */
+static PyObject *lz4_frame(const unsigned char *pat, size_t p, size_t size) {
+    PyObject *frame = NULL;
+    for (int write = 0; write < 2; write++) { /* measure, then fill */
+        size_t at = 7;
+        for (size_t pos = 0; pos < size; pos += LZ4_BLOCK_MAX) {
+            size_t k = size - pos < LZ4_BLOCK_MAX ? size - pos : LZ4_BLOCK_MAX;
+            lz4_block(frame, &at, pat, p, pos % p, k, write);
+        }
+        at += 4;
+        if (!write) {
+            frame = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)at);
+            if (!frame) return NULL;
+            memcpy(PyBytes_AS_STRING(frame), LZ4_HEAD, 7);
+        } else {
+            memset(PyBytes_AS_STRING(frame) + at - 4, 0, 4);
+        }
+    }
+    return frame;
+}
+
+static PyObject *ipc_lz4_periodic(PyObject *self, PyObject *args) {
+    Py_buffer pat;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "y*n", &pat, &size)) return NULL;
+    PyObject *r = NULL;
+    if (!pat.len || size < 0)
+        PyErr_SetString(PyExc_ValueError, "lz4_periodic: a pattern and a size >= 0");
+    else
+        r = lz4_frame(pat.buf, (size_t)pat.len, (size_t)size);
+    PyBuffer_Release(&pat);
+    return r;
+}
+
+static PyObject *s_length, *s_null_count, *s_buffers, *s_child, *s_pattern, *s_size;
+#define CONST_MIN 64
+
+typedef struct {
+    PyObject *key; /* a Const's pattern, or a bytes object (by identity) */
+    Py_ssize_t size;
+    int64_t at, len;
+} Placed;
+
+/* a buffer's size: None 0, a Const its size, else its buffer's length; -1 on error */
+static Py_ssize_t ipc_nbytes(PyObject *buf, PyObject *const_type) {
+    if (buf == Py_None) return 0;
+    if ((PyObject *)Py_TYPE(buf) == const_type) {
+        PyObject *s = PyObject_GetAttr(buf, s_size);
+        Py_ssize_t n = s ? PyLong_AsSsize_t(s) : -1;
+        Py_XDECREF(s);
+        return n;
+    }
+    if (PyBytes_CheckExact(buf)) return PyBytes_GET_SIZE(buf);
+    Py_buffer v;
+    if (PyObject_GetBuffer(buf, &v, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    Py_ssize_t n = v.len;
+    PyBuffer_Release(&v);
+    return n;
+}
+
+static int list_add(PyObject *l, PyObject *o) { /* steals o */
+    if (!o) return -1;
+    int r = PyList_Append(l, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* ipc_batch_message(num_rows, columns, Const) -> [metadata, body pieces...]:
+ * arrowipc.batch_message (its docstring says what it writes) */
+static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
+    Py_ssize_t num_rows;
+    PyObject *columns, *const_type;
+    if (!PyArg_ParseTuple(args, "nO!O", &num_rows, &PyList_Type, &columns, &const_type))
+        return NULL;
+    if (!s_length) {
+        if (!(s_length = PyUnicode_InternFromString("length")) ||
+            !(s_null_count = PyUnicode_InternFromString("null_count")) ||
+            !(s_buffers = PyUnicode_InternFromString("buffers")) ||
+            !(s_child = PyUnicode_InternFromString("child")) ||
+            !(s_pattern = PyUnicode_InternFromString("pattern")) ||
+            !(s_size = PyUnicode_InternFromString("size")))
+            return NULL;
+    }
+    static const unsigned char pad0[8] = {0};
+    static const unsigned char raw[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    PyObject *out = PyList_New(1), *stack = PyList_New(0), *raw_b = NULL;
+    int64_t *nodes = NULL, *spans = NULL;
+    size_t nn = 0, ns = 0, capn = 0, caps = 0;
+    Placed *placed = NULL;
+    size_t np_ = 0, capp = 0;
+    PyObject *result = NULL;
+    FB b = {0};
+    if (!out || !stack) goto done;
+    raw_b = PyBytes_FromStringAndSize((const char *)raw, 8);
+    if (!raw_b) goto done;
+    /* compress: some Const buffer of CONST_MIN bytes or more, in any column or child */
+    int compress = 0;
+    for (Py_ssize_t i = PyList_GET_SIZE(columns); i-- > 0;)
+        if (PyList_Append(stack, PyList_GET_ITEM(columns, i)) < 0) goto done;
+    while (PyList_GET_SIZE(stack) && !compress) {
+        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+        PyObject *c = Py_NewRef(PyList_GET_ITEM(stack, last));
+        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
+            Py_DECREF(c);
+            goto done;
+        }
+        PyObject *bufs = PyObject_GetAttr(c, s_buffers), *child = PyObject_GetAttr(c, s_child);
+        Py_DECREF(c);
+        if (!bufs || !child || !PyList_Check(bufs)) {
+            if (bufs && child) PyErr_SetString(PyExc_TypeError, "batch_message: buffers is a list");
+            Py_XDECREF(bufs);
+            Py_XDECREF(child);
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(bufs) && !compress; k++) {
+            PyObject *buf = PyList_GET_ITEM(bufs, k);
+            if ((PyObject *)Py_TYPE(buf) == const_type) {
+                Py_ssize_t n = ipc_nbytes(buf, const_type);
+                if (n < 0) {
+                    Py_DECREF(bufs);
+                    Py_DECREF(child);
+                    goto done;
+                }
+                compress = n >= CONST_MIN;
+            }
+        }
+        Py_DECREF(bufs);
+        int r = child != Py_None ? PyList_Append(stack, child) : 0;
+        Py_DECREF(child);
+        if (r < 0) goto done;
+    }
+    if (PyList_SetSlice(stack, 0, PyList_GET_SIZE(stack), NULL) < 0) goto done;
+    int64_t pos = 0;
+    for (Py_ssize_t i = PyList_GET_SIZE(columns); i-- > 0;)
+        if (PyList_Append(stack, PyList_GET_ITEM(columns, i)) < 0) goto done;
+    while (PyList_GET_SIZE(stack)) { /* pre-order: a list's node and buffers, then its child's */
+        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+        PyObject *c = Py_NewRef(PyList_GET_ITEM(stack, last));
+        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
+            Py_DECREF(c);
+            goto done;
+        }
+        PyObject *ln = PyObject_GetAttr(c, s_length), *nc = ln ? PyObject_GetAttr(c, s_null_count) : NULL;
+        PyObject *bufs = nc ? PyObject_GetAttr(c, s_buffers) : NULL;
+        PyObject *child = bufs ? PyObject_GetAttr(c, s_child) : NULL;
+        Py_DECREF(c);
+        int64_t l = ln ? PyLong_AsLongLong(ln) : -1, z = nc ? PyLong_AsLongLong(nc) : -1;
+        Py_XDECREF(ln);
+        Py_XDECREF(nc);
+        int bad = !child || PyErr_Occurred() || !PyList_Check(bufs);
+        if (!bad && nn + 2 > capn) {
+            capn = capn ? 2 * capn : 64;
+            int64_t *m = PyMem_Realloc(nodes, capn * sizeof *m);
+            if (!m) {
+                PyErr_NoMemory();
+                bad = 1;
+            } else {
+                nodes = m;
+            }
+        }
+        if (bad) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "batch_message: a Column");
+            Py_XDECREF(bufs);
+            Py_XDECREF(child);
+            goto done;
+        }
+        nodes[nn++] = l;
+        nodes[nn++] = z;
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(bufs); k++) {
+            PyObject *buf = PyList_GET_ITEM(bufs, k);
+            if (ns + 2 > caps) {
+                caps = caps ? 2 * caps : 128;
+                int64_t *m = PyMem_Realloc(spans, caps * sizeof *m);
+                if (!m) {
+                    PyErr_NoMemory();
+                    bad = 1;
+                    break;
+                }
+                spans = m;
+            }
+            Py_ssize_t size = ipc_nbytes(buf, const_type);
+            if (size < 0) {
+                bad = 1;
+                break;
+            }
+            if (!size) {
+                spans[ns++] = pos;
+                spans[ns++] = 0;
+                continue;
+            }
+            int cst = (PyObject *)Py_TYPE(buf) == const_type;
+            PyObject *key = NULL;
+            if (cst) {
+                key = PyObject_GetAttr(buf, s_pattern);
+                if (!key || !PyBytes_Check(key)) {
+                    if (key) PyErr_SetString(PyExc_TypeError, "batch_message: a Const's pattern is bytes");
+                    Py_XDECREF(key);
+                    bad = 1;
+                    break;
+                }
+            } else if (PyBytes_CheckExact(buf)) {
+                key = Py_NewRef(buf);
+            }
+            Placed *got = NULL;
+            for (size_t q = 0; key && q < np_ && !got; q++) {
+                Placed *pl = &placed[q];
+                /* a Const: the same pattern and size; a bytes object: the same object */
+                if (cst ? pl->size == size &&
+                              PyBytes_GET_SIZE(pl->key) == PyBytes_GET_SIZE(key) &&
+                              !memcmp(PyBytes_AS_STRING(pl->key), PyBytes_AS_STRING(key),
+                                      (size_t)PyBytes_GET_SIZE(key))
+                        : pl->size == -1 && pl->key == key)
+                    got = pl;
+            }
+            if (got) {
+                Py_DECREF(key);
+                spans[ns++] = got->at;
+                spans[ns++] = got->len;
+                continue;
+            }
+            int64_t length = 0;
+            int r = 0;
+            if (compress) { /* each buffer: its uncompressed length (-1: as it is) first */
+                if (cst && size >= CONST_MIN) {
+                    unsigned char le[8];
+                    fb_le(le, (uint64_t)size, 8);
+                    r = list_add(out, PyBytes_FromStringAndSize((const char *)le, 8));
+                    PyObject *fr = r < 0 ? NULL
+                                         : lz4_frame((const unsigned char *)PyBytes_AS_STRING(key),
+                                                     (size_t)PyBytes_GET_SIZE(key), (size_t)size);
+                    length = 8 + (fr ? PyBytes_GET_SIZE(fr) : 0);
+                    r = r < 0 ? r : list_add(out, fr);
+                    goto placed_it;
+                }
+                r = PyList_Append(out, raw_b);
+                length = 8;
+            }
+            if (r == 0) {
+                if (cst) { /* the pattern repeated over size bytes */
+                    PyObject *bb = PyBytes_FromStringAndSize(NULL, size);
+                    if (bb) {
+                        const char *p = PyBytes_AS_STRING(key);
+                        Py_ssize_t pl = PyBytes_GET_SIZE(key);
+                        for (Py_ssize_t i = 0; i < size; i++) PyBytes_AS_STRING(bb)[i] = p[i % pl];
+                    }
+                    r = list_add(out, bb);
+                } else {
+                    r = PyList_Append(out, buf);
+                }
+                length += size;
+            }
+        placed_it:
+            if (r < 0) {
+                Py_XDECREF(key);
+                bad = 1;
+                break;
+            }
+            if (key) {
+                if (np_ == capp) {
+                    capp = capp ? 2 * capp : 32;
+                    Placed *m = PyMem_Realloc(placed, capp * sizeof *m);
+                    if (!m) {
+                        Py_DECREF(key);
+                        PyErr_NoMemory();
+                        bad = 1;
+                        break;
+                    }
+                    placed = m;
+                }
+                placed[np_++] = (Placed){key, cst ? size : -1, pos, length}; /* owns key */
+            }
+            spans[ns++] = pos;
+            spans[ns++] = length;
+            int64_t pad = (8 - length % 8) % 8;
+            if (pad && list_add(out, PyBytes_FromStringAndSize((const char *)pad0, pad)) < 0) {
+                bad = 1;
+                break;
+            }
+            pos += length + pad;
+        }
+        Py_DECREF(bufs);
+        int r = !bad && child != Py_None ? PyList_Append(stack, child) : 0;
+        Py_DECREF(child);
+        if (bad || r < 0) goto done;
+    }
+    int64_t bufs_at = fb_structs(&b, spans, ns / 2);
+    int64_t nds = fb_structs(&b, nodes, nn / 2);
+    FBField f[4] = {{0, 8, num_rows}, {1, 0, nds}, {2, 0, bufs_at}, {3, 0, 0}};
+    if (compress) { /* BodyCompression: codec LZ4_FRAME (0), method BUFFER (0) */
+        FBField cf[2] = {{0, 1, 0}, {1, 1, 0}};
+        f[3].value = fb_table(&b, cf, 2);
+    }
+    int64_t rb = fb_table(&b, f, compress ? 4 : 3);
+    if (b.oom) goto done;
+    PyObject *msg = fb_message(&b, 3 /* RecordBatch */, rb, pos);
+    if (!msg) goto done;
+    PyList_SET_ITEM(out, 0, msg);
+    result = Py_NewRef(out);
+done:
+    for (size_t q = 0; q < np_; q++) Py_DECREF(placed[q].key);
+    PyMem_Free(placed);
+    PyMem_Free(nodes);
+    PyMem_Free(spans);
+    PyMem_Free(b.mem);
+    Py_XDECREF(raw_b);
+    Py_XDECREF(stack);
+    Py_XDECREF(out);
+    return result;
+}
+
+/* ipc_writev(fd, pieces): every piece (bytes-like, C-contiguous) written in order with
+ * writev, the GIL released meanwhile; safefs.write_all_v's twin (ENOSPC on a zero-length
+ * write) */
+static PyObject *ipc_writev(PyObject *self, PyObject *args) {
+    int fd;
+    PyObject *pieces;
+    if (!PyArg_ParseTuple(args, "iO!", &fd, &PyList_Type, &pieces)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(pieces);
+    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_buffer));
+    struct iovec *iov = PyMem_Calloc((size_t)(n ? n : 1), sizeof(struct iovec));
+    Py_ssize_t got = 0, cnt = 0;
+    PyObject *r = NULL;
+    if (!views || !iov) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(pieces, got), &views[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        if (views[got].len) iov[cnt++] = (struct iovec){views[got].buf, (size_t)views[got].len};
+    }
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t i = 0;
+    while (i < cnt) {
+        int k = cnt - i > 1024 ? 1024 : (int)(cnt - i);
+        ssize_t w = writev(fd, iov + i, k);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            err = w < 0 ? errno : ENOSPC;
+            break;
+        }
+        while (i < cnt && (size_t)w >= iov[i].iov_len) {
+            w -= (ssize_t)iov[i].iov_len;
+            i++;
+        }
+        if (i < cnt) {
+            iov[i].iov_base = (char *)iov[i].iov_base + w;
+            iov[i].iov_len -= (size_t)w;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    r = Py_NewRef(Py_None);
+done:
+    for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free(iov);
+    return r;
+}
+
 static PyObject *layout(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(nn)", (Py_ssize_t)sizeof(OpRec), (Py_ssize_t)sizeof(DescRec));
 }
@@ -4418,6 +5076,14 @@ static PyMethodDef methods[] = {
      "shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None"},
     {"arg_texts", (PyCFunction)(void (*)(void))arg_texts, METH_FASTCALL,
      "arg_texts(sets, cache) -> (texts, misses): the texts of sets met before (writer._args)"},
+    {"ipc_schema_message", ipc_schema_message, METH_VARARGS,
+     "ipc_schema_message(fields, metadata) -> bytes: arrowipc.schema_message's twin"},
+    {"ipc_batch_message", ipc_batch_message, METH_VARARGS,
+     "ipc_batch_message(num_rows, columns, Const) -> [metadata, body...]: arrowipc.batch_message's twin"},
+    {"ipc_lz4_periodic", ipc_lz4_periodic, METH_VARARGS,
+     "ipc_lz4_periodic(pattern, size) -> bytes: arrowipc.lz4_periodic's twin"},
+    {"ipc_writev", ipc_writev, METH_VARARGS,
+     "ipc_writev(fd, pieces): safefs.write_all_v's twin (the GIL released while writing)"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None, one=False) -> (nulls, bitmap or None, offsets, data), or "
      "the one id of every row (with one)"},

@@ -116,6 +116,19 @@ def arg_texts(
 def shape_lists(
     records: Any, size: int, ndim_at: int, dims_at: int
 ) -> tuple[bytes, bytes] | None: ...
+def ipc_schema_message(fields: Any, metadata: dict[str, str], /) -> bytes:
+    """pprobe.arrowipc.py_schema_message's twin: the same bytes."""
+
+def ipc_batch_message(num_rows: int, columns: list[Any], const_type: type, /) -> list[Any]:
+    """pprobe.arrowipc.py_batch_message's twin: [metadata, body pieces...], the same bytes
+    once joined."""
+
+def ipc_lz4_periodic(pattern: bytes, size: int, /) -> bytes:
+    """pprobe.arrowipc.lz4_periodic's twin."""
+
+def ipc_writev(fd: int, pieces: list[Any], /) -> None:
+    """pprobe.safefs.write_all_v's twin, the GIL released while it writes."""
+
 @overload
 def utf8_column(items: list[Any], ids: Any = ...) -> tuple[int, bytes | None, bytes, bytes]: ...
 @overload

@@ -154,9 +154,25 @@ def _field(b: _Builder, name: str, tp: str) -> int:
                     (5, "off", kids)])  # fmt: skip
 
 
+def _native() -> Any:
+    """The native core (its ``ipc_*`` functions write the same bytes as this module's Python
+    code, without a Python call per buffer), or None where the Python engine runs."""
+    from . import core
+
+    return core.native
+
+
 def schema_message(fields: Sequence[tuple[str, str]], metadata: dict[str, str]) -> bytes:
     """The stream's first message: the schema (``(name, type)`` fields, all nullable) and its
     custom_metadata, in the order given."""
+    native = _native()
+    if native is not None:
+        return native.ipc_schema_message(fields, metadata)  # type: ignore[no-any-return]
+    return py_schema_message(fields, metadata)
+
+
+def py_schema_message(fields: Sequence[tuple[str, str]], metadata: dict[str, str]) -> bytes:
+    """:func:`schema_message` in Python (the native core's ipc_schema_message is its twin)."""
     b = _Builder()
     kv = []
     for k, v in metadata.items():
@@ -380,7 +396,8 @@ def _lz4_block(pattern: bytes, size: int) -> bytes:
 
 def lz4_periodic(pattern: bytes, size: int) -> bytes:
     """An LZ4 frame of ``size`` bytes repeating ``pattern`` (what Arrow's LZ4_FRAME codec
-    reads): a block per 4 MiB, each starting where the pattern is at that byte."""
+    reads): a block per 4 MiB, each starting where the pattern is at that byte. (The native
+    core's ipc_lz4_periodic is its twin.)"""
     p = len(pattern)
     out = [_LZ4_HEAD]
     pos = 0
@@ -407,7 +424,16 @@ def _columns_have_const(batch: Batch) -> bool:
 
 def batch_message(batch: Batch) -> list:
     """The RecordBatch message of ``batch``: its pieces (metadata, then each body buffer and
-    its padding), to be written in one go (``b"".join``).
+    its padding), to be written in one go (``b"".join``): the native core's
+    ipc_batch_message where it runs, else :func:`py_batch_message`, the same bytes."""
+    native = _native()
+    if native is not None:
+        return native.ipc_batch_message(batch.num_rows, list(batch.columns), Const)  # type: ignore[no-any-return]
+    return py_batch_message(batch)
+
+
+def py_batch_message(batch: Batch) -> list:
+    """:func:`batch_message` in Python.
 
     A batch with a :class:`Const` buffer is written with Arrow's body compression (LZ4_FRAME,
     per buffer): each buffer is its uncompressed length (int64) and an LZ4 frame that
@@ -488,11 +514,16 @@ class StreamWriter:
         write_all(self.fd, data)
 
     def write_batch(self, batch: Batch) -> None:
-        from .safefs import write_all_v
-
         if tuple(batch.fields) != self.fields:
             raise ValueError("arrowipc: a batch of another schema than the stream's")
-        write_all_v(self.fd, batch_message(batch))  # the buffers as they are: no joined copy
+        pieces = batch_message(batch)  # the buffers as they are: no joined copy
+        native = _native()
+        if native is not None:
+            native.ipc_writev(self.fd, pieces)  # (the GIL released while it writes)
+        else:
+            from .safefs import write_all_v
+
+            write_all_v(self.fd, pieces)
 
     def close(self) -> None:
         """The end-of-stream marker, then the file closed."""

@@ -8,7 +8,9 @@ run through the bootstrap with PPROBE_LOG_WRITER=pprobe and =pyarrow give the sa
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 import random
 import warnings
 from pathlib import Path
@@ -528,3 +530,91 @@ def test_ops_are_named_only_when_a_batch_has_them(tmp_path: Path) -> None:
     ]
     t = w._op_table(np, np.array([9], dtype=np.int32))
     assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
+
+
+# ---------------------------------------------------------------------- the native twins
+def _native_mod():  # type: ignore[no-untyped-def]
+    """pprobe._native where it is built and loads (whatever PPROBE_CORE says: these tests
+    compare its ipc_* functions with their Python twins directly)."""
+    try:
+        from pprobe import _native
+    except ImportError:
+        return None
+    return _native if hasattr(_native, "ipc_batch_message") else None
+
+
+needs_native = pytest.mark.skipif(_native_mod() is None, reason="the native core is not built")
+
+
+def _joined(pieces: list) -> bytes:
+    return b"".join(memoryview(p).cast("B").tobytes() for p in pieces)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(40))
+def test_native_batch_messages_are_the_python_encoders_bytes(seed: int) -> None:
+    """ipc_batch_message writes the same bytes as py_batch_message: every type with nulls,
+    constant columns (compressed or not: a batch with one Const of 64 bytes or more compresses
+    every buffer), buffers that several columns share, list columns, 0-row batches."""
+    nat = _native_mod()
+    rng = random.Random(seed)
+    n = rng.choice((0, 1, 3, 17, 200))
+    shared = b"shared bytes"
+    cols, fields = [], []
+    for j in range(rng.randint(1, 14)):
+        kind = rng.choice(("typed", "typed", "const", "nulls", "shared"))
+        if kind == "typed":
+            tp = rng.choice(A.TYPES)
+            col, _ = _column(rng, tp, n)
+        elif kind == "const":
+            tp = A.UTF8
+            col = A.repeat(np, rng.choice(("cpu", "h\u00e9", "x" * rng.randint(1, 40))), n)
+        elif kind == "nulls":
+            tp = rng.choice(A.TYPES[:5])
+            col = A.nulls(np, tp, n)
+        else:
+            tp = A.UTF8
+            col = A.Column(n, 0, [None, np.zeros(n + 1, dtype=np.int32), shared])
+        cols.append(col)
+        fields.append((f"c{j}", tp))
+    batch = A.Batch(tuple(fields), n, cols)
+    want = _joined(A.py_batch_message(batch))
+    assert _joined(nat.ipc_batch_message(n, cols, A.Const)) == want
+    sch, got = _read(A.py_schema_message(batch.fields, META) + want + A.EOS)
+    assert got[0].num_rows == n
+
+
+@needs_native
+def test_native_lz4_frames_and_schemas_are_the_python_encoders_bytes() -> None:
+    nat = _native_mod()
+    for pattern in (b"a", b"abc", b"x" * 15, b"y" * 16, bytes(range(256)) * 3, b"z" * 70_000):
+        p = len(pattern)
+        for size in (1, 11, p + 11, p + 12, p + 300, 65_536, 4 << 20, (4 << 20) + 7, 9_000_001):
+            assert nat.ipc_lz4_periodic(pattern, size) == A.lz4_periodic(pattern, size)
+    for fields in (logschema.OPS, logschema.TENSORS, logschema.STACKS,
+                   (("a", A.UTF8), ("l", A.LIST_INT64), ("b", A.BOOL), ("i", A.INT32))):  # fmt: skip
+        for meta in (META, {}):
+            assert nat.ipc_schema_message(tuple(fields), meta) == A.py_schema_message(fields, meta)
+    with pytest.raises(ValueError, match="no encoding"):
+        nat.ipc_schema_message((("a", "decimal"),), {})
+
+
+@needs_native
+def test_native_writev_writes_every_piece_and_reports_a_full_disk(tmp_path: Path) -> None:
+    nat = _native_mod()
+    pieces = [b"head", np.arange(3000, dtype=np.int64), b"", memoryview(b"tail")] * 400
+    f = tmp_path / "out"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        nat.ipc_writev(fd, pieces)  # 1,600 pieces: more than one writev (IOV_MAX)
+    finally:
+        os.close(fd)
+    assert f.read_bytes() == _joined(pieces)
+    if os.path.exists("/dev/full"):
+        fd = os.open("/dev/full", os.O_WRONLY)
+        try:
+            with pytest.raises(OSError) as e:
+                nat.ipc_writev(fd, [b"x" * 100])
+            assert e.value.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
