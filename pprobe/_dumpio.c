@@ -511,6 +511,16 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
     return err;
 }
 
+/* a detached thread running fn; 0 or pthread_create's error */
+static int start_detached(pthread_t *t, void *(*fn)(void *)) {
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(t, &attr, fn, NULL);
+    pthread_attr_destroy(&attr);
+    return rc;
+}
+
 /* ------------------------------------------------------------------ large files, two at once
  * A batch's large dumps that get a file each (PAR_MIN bytes and more: what packs do not
  * take) are written by the worker and one helper thread together, each taking the next file
@@ -566,13 +576,8 @@ static void write_large(int dfd, Job *batch) {
     pthread_mutex_lock(&hmu);
     if (!h_running) {
         pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         h_quit = 0;
-        int rc = pthread_create(&t, &attr, helper, NULL);
-        pthread_attr_destroy(&attr);
-        if (rc) { /* no helper: the batch's loop writes them one by one */
+        if (start_detached(&t, helper)) { /* no helper: the batch's loop writes them in turn */
             pthread_mutex_unlock(&hmu);
             return;
         }
@@ -710,12 +715,8 @@ static void *worker(void *unused) {
 /* with mu held */
 static int ensure_thread(void) {
     if (running) return 0;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     stopping = 0;
-    int rc = pthread_create(&thread, &attr, worker, NULL);
-    pthread_attr_destroy(&attr);
+    int rc = start_detached(&thread, worker);
     if (rc) return rc;
     running = 1;
     return 0;

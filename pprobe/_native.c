@@ -4738,7 +4738,8 @@ static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
             Py_DECREF(c);
             goto done;
         }
-        PyObject *bufs = PyObject_GetAttr(c, s_buffers), *child = PyObject_GetAttr(c, s_child);
+        PyObject *bufs = PyObject_GetAttr(c, s_buffers);
+        PyObject *child = bufs ? PyObject_GetAttr(c, s_child) : NULL;
         Py_DECREF(c);
         if (!bufs || !child || !PyList_Check(bufs)) {
             if (bufs && child) PyErr_SetString(PyExc_TypeError, "batch_message: buffers is a list");

@@ -618,3 +618,16 @@ def test_native_writev_writes_every_piece_and_reports_a_full_disk(tmp_path: Path
             assert e.value.errno == errno.ENOSPC
         finally:
             os.close(fd)
+
+
+@needs_native
+def test_native_batch_message_refuses_what_is_not_a_column() -> None:
+    """What the Python encoder would fail on makes the native one raise, never crash."""
+    nat = _native_mod()
+    good = A.Column(2, 0, [None, np.arange(2, dtype=np.int64)])
+    for bad in (object(), A.Column(2, 0, (None, b"x" * 16)), A.Column(2, 0, [None, A.Const(3, 64)]),
+                A.Column(2, 0, [None, np.arange(4.0)[::2]])):  # fmt: skip
+        with pytest.raises((TypeError, AttributeError, BufferError, ValueError)):
+            nat.ipc_batch_message(2, [good, bad], A.Const)
+    with pytest.raises(TypeError):
+        nat.ipc_batch_message(2, (good,), A.Const)  # a list of columns
