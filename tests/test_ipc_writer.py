@@ -591,10 +591,10 @@ def test_native_lz4_frames_and_schemas_are_the_python_encoders_bytes() -> None:
         p = len(pattern)
         for size in (1, 11, p + 11, p + 12, p + 300, 65_536, 4 << 20, (4 << 20) + 7, 9_000_001):
             assert nat.ipc_lz4_periodic(pattern, size) == A.lz4_periodic(pattern, size)
-    for fields in (logschema.OPS, logschema.TENSORS, logschema.STACKS,
-                   (("a", A.UTF8), ("l", A.LIST_INT64), ("b", A.BOOL), ("i", A.INT32))):  # fmt: skip
-        for meta in (META, {}):
-            assert nat.ipc_schema_message(tuple(fields), meta) == A.py_schema_message(fields, meta)
+    mixed = (("a", A.UTF8), ("l", A.LIST_INT64), ("b", A.BOOL), ("i", A.INT32))
+    for fields in (logschema.OPS, logschema.TENSORS, logschema.STACKS, mixed):
+        for md in (META, {}):
+            assert nat.ipc_schema_message(tuple(fields), md) == A.py_schema_message(fields, md)
     with pytest.raises(ValueError, match="no encoding"):
         nat.ipc_schema_message((("a", "decimal"),), {})
 
