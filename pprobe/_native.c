@@ -4229,8 +4229,9 @@ fail:
    The core shares one args tuple between the rows whose args are the same in every type and
    bit (args_interned), so most rows' sets are objects seen in an earlier row. cache maps
    id(set) to (set, text); holding the set keeps its id from being reused. texts has that
-   text, or None, per set; misses lists the positions of the Nones, for the writer to make
-   (by value) and add. No key tuple is built and nothing is hashed but the id. */
+   text, or None, per set; misses lists the first position of each set (by identity) that has
+   none, for the writer to make (by value) and add: a set met in thousands of rows of a first
+   flush is listed once. No key tuple is built and nothing is hashed but the id. */
 static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "arg_texts(sets: list, cache: dict)");
@@ -4239,12 +4240,16 @@ static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *sets = args[0], *cache = args[1];
     Py_ssize_t n = PyList_GET_SIZE(sets);
     PyObject *texts = PyList_New(n), *misses = PyList_New(0), *out = NULL;
+    Map2 missed = {0}; /* the sets listed in misses (borrowed keys) */
     if (!texts || !misses) goto done;
     PyObject *prev = NULL, *prev_text = NULL; /* (borrowed: the cache holds them) */
+    PyObject *prev_miss = NULL;               /* the last set listed in misses (borrowed) */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *p = PyList_GET_ITEM(sets, i), *text = NULL;
         if (p == prev) {
             text = prev_text;
+        } else if (p == prev_miss) {
+            text = Py_None;
         } else {
             PyObject *key = PyLong_FromVoidPtr(p);
             if (!key) goto done;
@@ -4260,11 +4265,20 @@ static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nar
             }
         }
         if (!text) {
-            PyObject *at = PyLong_FromSsize_t(i);
-            if (!at) goto done;
-            int r = PyList_Append(misses, at);
-            Py_DECREF(at);
-            if (r < 0) goto done;
+            Slot2 *m = map2_put(&missed, p, 0); /* (sets holds p meanwhile) */
+            if (!m) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (!m->a) {
+                m->a = 1;
+                PyObject *at = PyLong_FromSsize_t(i);
+                if (!at) goto done;
+                int r = PyList_Append(misses, at);
+                Py_DECREF(at);
+                if (r < 0) goto done;
+            }
+            prev_miss = p;
             text = Py_None;
         }
         PyList_SET_ITEM(texts, i, Py_NewRef(text));
@@ -4273,6 +4287,7 @@ static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nar
 done:
     Py_XDECREF(texts);
     Py_XDECREF(misses);
+    map2_clear(&missed, 0);
     return out;
 }
 
