@@ -4714,6 +4714,14 @@ static int list_add(PyObject *l, PyObject *o) { /* steals o */
     return r;
 }
 
+/* the last item of a non-empty list, taken off it (a new reference), or NULL with an error */
+static PyObject *stack_pop(PyObject *stack) {
+    Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+    PyObject *c = Py_NewRef(PyList_GET_ITEM(stack, last));
+    if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) Py_CLEAR(c);
+    return c;
+}
+
 /* ipc_batch_message(num_rows, columns, Const) -> [metadata, body pieces...]:
  * arrowipc.batch_message (its docstring says what it writes) */
 static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
@@ -4747,12 +4755,8 @@ static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = PyList_GET_SIZE(columns); i-- > 0;)
         if (PyList_Append(stack, PyList_GET_ITEM(columns, i)) < 0) goto done;
     while (PyList_GET_SIZE(stack) && !compress) {
-        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
-        PyObject *c = Py_NewRef(PyList_GET_ITEM(stack, last));
-        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
-            Py_DECREF(c);
-            goto done;
-        }
+        PyObject *c = stack_pop(stack);
+        if (!c) goto done;
         PyObject *bufs = PyObject_GetAttr(c, s_buffers);
         PyObject *child = bufs ? PyObject_GetAttr(c, s_child) : NULL;
         Py_DECREF(c);
@@ -4784,12 +4788,8 @@ static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = PyList_GET_SIZE(columns); i-- > 0;)
         if (PyList_Append(stack, PyList_GET_ITEM(columns, i)) < 0) goto done;
     while (PyList_GET_SIZE(stack)) { /* pre-order: a list's node and buffers, then its child's */
-        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
-        PyObject *c = Py_NewRef(PyList_GET_ITEM(stack, last));
-        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
-            Py_DECREF(c);
-            goto done;
-        }
+        PyObject *c = stack_pop(stack);
+        if (!c) goto done;
         PyObject *ln = PyObject_GetAttr(c, s_length), *nc = ln ? PyObject_GetAttr(c, s_null_count) : NULL;
         PyObject *bufs = nc ? PyObject_GetAttr(c, s_buffers) : NULL;
         PyObject *child = bufs ? PyObject_GetAttr(c, s_child) : NULL;
