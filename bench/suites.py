@@ -735,9 +735,12 @@ def dumps(plan: Plan, log: Log) -> Section:
                     "files_s": files / span,
                     "mb_s": nb / span / 1e6,
                 }
+                direct = vr.median(lambda o: o.data.get("direct_files"))
+                fig[name]["direct_files"] = direct
                 sec.row(
                     name,
-                    f"{label}: {files:.0f} files, {nb / 1e6:.1f} MB",
+                    f"{label}: {files:.0f} files, {nb / 1e6:.1f} MB"
+                    + (f" ({direct:.0f} with O_DIRECT)" if direct else ""),
                     f"{files / span:,.0f} files/s, {nb / span / 1e6:,.0f} MB/s",
                     "",
                     "",

@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 8
+#define DUMPIO_API 9
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -41,7 +41,10 @@ typedef struct Job {
     int written; /* its file was written with the batch's large files (write_large) */
     uint32_t hlen;
     unsigned char dg[16];
-} Job; /* one malloc'd block: the job, then its data, its name and its link (dq_submit) */
+    void *block; /* the block to free: the job itself, or its data's page-aligned start */
+} Job; /* one malloc'd block: the job, then its data, its name and its link (dq_submit); a
+        * large dump's block starts with its data instead, page-aligned (DIRECT_MIN), then
+        * the job, its name and its link */
 
 typedef struct Failure {
     struct Failure *next;
@@ -466,7 +469,7 @@ static void note_pack_failure(const char *name) {
     pack_failed[n_pack_failed++] = name_hash(name);
 }
 
-static void free_job(Job *j) { free(j); /* (name, link and data are in its block) */ }
+static void free_job(Job *j) { free(j->block); /* (name, link and data are in it) */ }
 
 static int write_all(int fd, const char *p, size_t n) {
     while (n) {
@@ -489,14 +492,22 @@ static int write_all(int fd, const char *p, size_t n) {
 #define BATCH_JOBS 256
 #define BATCH_BYTES (8u << 20)
 
-/* Create `name` in the run folder with `data`: temporary name, then rename. 0 or an errno. */
-static int write_file(int dfd, const char *name, const char *data, size_t len) {
+/* the hidden temporary name a file is written under before its rename (malloc'd), or NULL */
+static char *tmp_name(const char *name) {
     size_t nl = strlen(name);
     char *tmp = malloc(nl + 6);
+    if (tmp) {
+        tmp[0] = '.';
+        memcpy(tmp + 1, name, nl);
+        memcpy(tmp + 1 + nl, ".tmp", 5);
+    }
+    return tmp;
+}
+
+/* Create `name` in the run folder with `data`: temporary name, then rename. 0 or an errno. */
+static int write_file(int dfd, const char *name, const char *data, size_t len) {
+    char *tmp = tmp_name(name);
     if (!tmp) return ENOMEM;
-    tmp[0] = '.';
-    memcpy(tmp + 1, name, nl);
-    memcpy(tmp + 1 + nl, ".tmp", 5);
     int err = 0;
     int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) {
@@ -505,6 +516,104 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
         if (write_all(fd, data, len) < 0) err = errno;
         if (close(fd) < 0 && !err) err = errno;
         if (!err && renameat(dfd, tmp, dfd, name) < 0) err = errno;
+        if (err) unlinkat(dfd, tmp, 0);
+    }
+    free(tmp);
+    return err;
+}
+
+/* ------------------------------------------------------------------ direct writes
+ * A large dump (DIRECT_MIN bytes and more, a file of its own) can be written with O_DIRECT
+ * from its page-aligned block: the device reads the bytes where the program's thread copied
+ * them, with no copy into the page cache and little CPU. Which way is faster depends on the
+ * page cache's state: into pages the kernel (or a VM's host) has not handed out lately, a
+ * buffered copy runs at a few hundred MB/s a thread, below the device's speed; into warm
+ * pages it runs at several GB/s, above it. So with PPROBE_DUMP_DIRECT=auto (the default), of
+ * the two threads that write a batch's large files (write_large), the helper writes with
+ * O_DIRECT, and the worker goes the way whose recent files took less time a byte: its own
+ * through the page cache, or the helper's (it tries the page cache again every
+ * DIRECT_RETRY files). Each takes the next file when it is done, so the faster way writes
+ * more of them. `on`: both with O_DIRECT; `off`: both through the page cache. A folder whose
+ * file system refuses O_DIRECT (EINVAL: tmpfs before Linux 6.6, some FUSE mounts) gets
+ * buffered writes from then on. A file's whole pages are written with O_DIRECT, its last
+ * partial page through the page cache (O_DIRECT cleared on the descriptor), under its
+ * temporary name: it is renamed only once whole, as buffered ones are. */
+#define DIRECT_MIN PAR_MIN
+#define DIRECT_ALIGN 4096u
+#define DIRECT_RETRY 16
+enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };
+/* under hmu: the setting, whether the folder takes O_DIRECT, the files written with it, the
+ * two ways' recent ns per MiB (0: none yet), the worker's direct files since it last tried
+ * the page cache */
+static int d_setting = DIRECT_AUTO, d_ok = 1;
+static uint64_t d_files = 0; /* (tests, meta.json) */
+static double d_ns[2] = {0, 0};
+static int d_since = 0;
+
+#ifdef O_DIRECT
+#define HAVE_DIRECT 1
+#else /* (macOS: no O_DIRECT; large files are written the buffered way) */
+#define HAVE_DIRECT 0
+#define O_DIRECT 0
+#endif
+
+/* with hmu held: 1 to write this file with O_DIRECT (helper: the helper thread writes it) */
+static int d_choose(const Job *j, int helper) {
+    if (!HAVE_DIRECT || d_setting == DIRECT_OFF || !d_ok || j->block != (void *)j->data)
+        return 0;
+    if (d_setting == DIRECT_ON || helper) return 1;
+    if (d_ns[0] == 0 || d_ns[1] == 0 || d_ns[0] <= d_ns[1]) return 0;
+    if (++d_since < DIRECT_RETRY) return 1;
+    d_since = 0;
+    return 0;
+}
+
+/* with hmu held: a file of len bytes took ns the way `direct` */
+static void d_took(int direct, size_t len, uint64_t ns) {
+    double v = (double)ns * (double)(1u << 20) / (double)(len ? len : 1);
+    d_ns[direct] = d_ns[direct] == 0 ? v : 0.75 * d_ns[direct] + 0.25 * v;
+    d_files += direct;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* write_file with O_DIRECT from j's page-aligned block: 0, an errno, or -1 where the
+ * folder's file system refuses O_DIRECT or its alignment (nothing is left behind: the caller
+ * writes the file the buffered way) */
+static int write_direct(int dfd, const Job *j) {
+    char *tmp = tmp_name(j->name);
+    if (!tmp) return ENOMEM;
+    int err = 0;
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_DIRECT,
+                    0600);
+    if (fd < 0) {
+        err = errno == EINVAL ? -1 : errno;
+    } else {
+        size_t n = j->len & ~(size_t)(DIRECT_ALIGN - 1), done = 0;
+        while (done < n && !err) {
+            ssize_t w = write(fd, j->data + done, n - done);
+            if (w < 0) {
+                if (errno != EINTR) err = errno == EINVAL ? -1 : errno;
+            } else if (w == 0 || ((size_t)w & (DIRECT_ALIGN - 1))) {
+                err = w ? -1 : ENOSPC; /* (a short write off a page boundary: buffered) */
+            } else {
+                done += (size_t)w;
+            }
+        }
+        /* the last partial page through the page cache: no padding, no truncation */
+        if (!err && n < j->len) {
+            int fl = fcntl(fd, F_GETFL);
+            if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_DIRECT) < 0)
+                err = errno;
+            else if (write_all(fd, j->data + n, j->len - n) < 0)
+                err = errno;
+        }
+        if (close(fd) < 0 && !err) err = errno;
+        if (!err && renameat(dfd, tmp, dfd, j->name) < 0) err = errno;
         if (err) unlinkat(dfd, tmp, 0);
     }
     free(tmp);
@@ -542,10 +651,16 @@ static uint64_t h_files = 0; /* files the helper wrote (tests: the two-thread pa
 static void h_share(int helper) {
     while (h_next < h_n) {
         Job *j = h_jobs[h_next++];
-        int dfd = h_dfd;
+        int dfd = h_dfd, direct = d_choose(j, helper);
         pthread_mutex_unlock(&hmu);
-        j->err = write_file(dfd, j->name, j->data, j->len);
+        uint64_t t0 = now_ns();
+        int err = direct ? write_direct(dfd, j) : 0, refused = err == -1;
+        if (!direct || refused) err = write_file(dfd, j->name, j->data, j->len);
+        uint64_t t1 = now_ns();
         pthread_mutex_lock(&hmu);
+        j->err = err;
+        if (refused) d_ok = 0; /* (written the buffered way just above) */
+        else if (!err) d_took(direct, j->len, t1 - t0); /* (successful writes only) */
         h_files += helper;
         if (--h_left == 0) pthread_cond_signal(&hcv_done);
     }
@@ -572,8 +687,20 @@ static void write_large(int dfd, Job *batch) {
     int n = 0;
     for (Job *j = batch; j; j = j->next)
         if (!j->pack && !j->link && j->len >= PAR_MIN) big[n++] = j;
-    if (n < 2) return; /* one file: the batch's loop writes it */
+    if (!n) return;
     pthread_mutex_lock(&hmu);
+    if (n == 1) { /* one file: written here, the way d_choose says */
+        h_jobs = big;
+        h_n = h_left = 1;
+        h_next = 0;
+        h_dfd = dfd;
+        h_share(0);
+        h_jobs = NULL;
+        h_n = h_next = 0;
+        pthread_mutex_unlock(&hmu);
+        big[0]->written = 1;
+        return;
+    }
     if (!h_running) {
         pthread_t t;
         h_quit = 0;
@@ -736,6 +863,9 @@ static void atfork_child(void) {
     h_jobs = NULL;
     h_n = h_next = h_left = h_running = h_quit = 0;
     h_files = 0;
+    d_files = 0;
+    d_ns[0] = d_ns[1] = 0;
+    d_since = 0;
     for (int k = 0; k < 2; k++) { /* the queue, and the batch the parent's writer held */
         Job *j = k ? q_busy : q_head;
         while (j) {
@@ -792,6 +922,9 @@ static PyObject *dq_open(PyObject *self, PyObject *args) {
     q_max = maxb > 0 ? (size_t)maxb : 1;
     pthread_mutex_unlock(&mu);
     if (old >= 0) close(old);
+    pthread_mutex_lock(&hmu);
+    d_ok = 1; /* (a new folder: O_DIRECT is tried again there) */
+    pthread_mutex_unlock(&hmu);
     Py_RETURN_NONE;
 }
 
@@ -922,15 +1055,31 @@ static PyObject *dq_submit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         dl = (size_t)view.len;
     }
     size_t len = (size_t)hl + dl, extra = nl + 1 + (lk ? ll + 1 : 0);
-    Job *j = len > SIZE_MAX - sizeof(Job) - extra ? NULL : malloc(sizeof(Job) + len + extra);
+    Job *j = NULL;
+    char *data = NULL;
+    if (len > SIZE_MAX / 2 - sizeof(Job) - extra - DIRECT_ALIGN) {
+        /* (no such block) */
+    } else if (!lk && !pack && len >= DIRECT_MIN) { /* a file that may be written O_DIRECT */
+        size_t at = (len + 63) & ~(size_t)63; /* (where the job starts: aligned) */
+        void *blk = NULL;
+        if (!posix_memalign(&blk, DIRECT_ALIGN, at + sizeof(Job) + extra)) {
+            data = blk;
+            j = (Job *)(data + at);
+            memset(j, 0, sizeof *j);
+            j->block = blk;
+        }
+    } else if ((j = malloc(sizeof(Job) + len + extra))) {
+        memset(j, 0, sizeof *j);
+        j->block = j;
+        data = (char *)(j + 1);
+    }
     if (!j) {
         if (have) PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
-    memset(j, 0, sizeof *j);
     j->pack = pack;
-    j->data = (char *)(j + 1);
-    j->name = j->data + len;
+    j->data = data;
+    j->name = (char *)(j + 1) + (j->block == (void *)j ? len : 0); /* (see Job) */
     memcpy(j->name, nm, nl + 1);
     if (lk) {
         j->link = j->name + nl + 1;
@@ -1060,6 +1209,28 @@ static PyObject *dq_helper_files(PyObject *self, PyObject *unused) {
     uint64_t n = h_files;
     pthread_mutex_unlock(&hmu);
     return PyLong_FromUnsignedLongLong(n);
+}
+
+/* direct([setting]) -> (setting, the folder takes O_DIRECT, files written with O_DIRECT):
+ * setting 0 off, 1 auto, 2 on (PPROBE_DUMP_DIRECT) */
+static PyObject *dq_direct(PyObject *self, PyObject *const *a, Py_ssize_t n) {
+    int v = -1;
+    if (n > 1 || (n == 1 && ((v = PyLong_AsLong(a[0])) < DIRECT_OFF || v > DIRECT_ON))) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "direct([setting]): 0 off, 1 auto or 2 on");
+        }
+        return NULL;
+    }
+    pthread_mutex_lock(&hmu);
+    if (n == 1) {
+        d_setting = v;
+        d_ns[0] = d_ns[1] = 0;
+        d_since = 0;
+    }
+    PyObject *r = Py_BuildValue("(iiK)", d_setting, d_ok, (unsigned long long)d_files);
+    pthread_mutex_unlock(&hmu);
+    return r;
 }
 
 /* close(timeout_s) -> bool: drain the queue, stop the thread, close the folder descriptor */
@@ -2417,6 +2588,9 @@ static PyMethodDef methods[] = {
     {"failures", dq_failures, METH_NOARGS, "[(name, errno, message)] since the last call"},
     {"counters", dq_counters, METH_NOARGS,
      "(queued bytes, submitted, completed, files, links, failed, bytes written)"},
+    {"direct", (PyCFunction)(void (*)(void))dq_direct, METH_FASTCALL,
+     "direct([setting]) -> (setting, the folder takes O_DIRECT, files written O_DIRECT): "
+     "large dumps written with O_DIRECT, 0 never, 1 when faster (default), 2 always"},
     {"helper_files", dq_helper_files, METH_NOARGS,
      "files written by the second writer thread (large files, two at once)"},
     {"close", dq_close, METH_VARARGS, "close(timeout): drain and stop the writer thread"},

@@ -23,6 +23,7 @@ from typing import Any
 MODES = ("log", "stats", "dump")
 COVERAGES = ("auto", "full", "namespace")
 DUMP_FULL = ("wait", "skip")
+DUMP_DIRECT = ("auto", "on", "off")
 BUFFER_FULL = ("wait", "drop")
 LOG_WRITERS = ("auto", "pprobe", "pyarrow")
 DUMP_CODECS = ("npy", "zstd", "sparse", "int8", "fp16", "bf16")  # pprobe.codecs.BUILTIN
@@ -462,6 +463,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Ignored (files) with PPROBE_DUMP_KEEP=steps:K and PPROBE_ON_NAN=dump. docs/output.md.",
     ),
     Setting(
+        "dump_direct",
+        "PPROBE_DUMP_DIRECT",
+        "auto",
+        _choice(DUMP_DIRECT),
+        "How the native writer writes dumps of 256 KiB and more that get a file each: auto "
+        "(one of its two threads with O_DIRECT, the other through the page cache or O_DIRECT, "
+        "whichever its recent files wrote faster), on (O_DIRECT where the file system takes "
+        "it) or off (the page cache). docs/output.md.",
+    ),
+    Setting(
         "dump_keep",
         "PPROBE_DUMP_KEEP",
         0,
@@ -823,6 +834,7 @@ class Config:
     dump_full: str = "wait"
     dump_codec: str = "npy"
     dump_pack: int = 1 << 20
+    dump_direct: str = "auto"
     dump_keep: int = 0
     stack_depth: int = 3
     include: tuple[str, ...] = ()

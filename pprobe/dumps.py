@@ -481,6 +481,10 @@ def _write_file(dirfd: int, name: str, data: bytes) -> None:
         raise
 
 
+#: PPROBE_DUMP_DIRECT -> pprobe._dumpio.direct's setting
+DIRECT_CODES = {"off": 0, "auto": 1, "on": 2}
+
+
 class NativeQueue:
     """pprobe._dumpio's queue (a native thread that never takes the GIL)."""
 
@@ -599,6 +603,7 @@ class Dumper:
         hold: int = 0,
         host: str = "",
         pack: int = 0,
+        direct: str = "auto",
     ) -> None:
         self.run_dir = run_dir
         self.budget = budget
@@ -643,6 +648,10 @@ class Dumper:
         #: (pprobe.packs); 0: every dump is its own file. The ring deletes old steps' files,
         #: which a pack cannot give back: with a ring, dumps stay files.
         self.pack = pack if self.ring is None else 0
+        #: PPROBE_DUMP_DIRECT: large files written with O_DIRECT (the native writer only)
+        self.direct = direct
+        if isinstance(self.io, NativeQueue):
+            self.io.m.direct(DIRECT_CODES[direct])
         self.io.set_host(_UNSAFE.sub("_", host or "host")[:64] or "host")
         self._view()
 
@@ -958,6 +967,15 @@ class Dumper:
         self.io.close(timeout)
         self._collect()
 
+    def _direct_summary(self) -> dict[str, Any]:
+        """meta.json's PPROBE_DUMP_DIRECT, the files written with O_DIRECT (None: the Python
+        writer, which writes through the page cache) and whether the folder's file system
+        refused O_DIRECT (files written through the page cache from then on)."""
+        if not isinstance(self.io, NativeQueue):
+            return {"direct": self.direct, "direct_files": None, "direct_refused": False}
+        _, ok, files = self.io.m.direct()
+        return {"direct": self.direct, "direct_files": files, "direct_refused": not ok}
+
     def summary(self) -> dict[str, Any]:
         # The budget is the run's: another process of the run may have used it up.
         exhausted = self.exhausted or os.path.exists(os.path.join(self.budget_dir, "exhausted"))
@@ -976,5 +994,6 @@ class Dumper:
             "writer": self.engine,
             "codec": self.codec,
             "content_hash": self.content_hash,
+            **self._direct_summary(),
             **({} if self.ring is None else self.ring.summary()),
         }

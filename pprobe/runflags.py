@@ -15,6 +15,7 @@ from . import config
 ALLOWED: dict[str, tuple[str, ...]] = {
     "mode": config.MODES,
     "dump_full": config.DUMP_FULL,
+    "dump_direct": config.DUMP_DIRECT,
     "dump_codec": config.DUMP_CODECS,
     "buffer_full": config.BUFFER_FULL,
     "coverage": config.COVERAGES,

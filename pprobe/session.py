@@ -50,6 +50,7 @@ class Session:
                 hold=(config.dump_keep or 1) + 1 if config.on_nan == "dump" else 0,
                 host=self.run.host,
                 pack=config.dump_pack,
+                direct=config.dump_direct,
             )
             if config.mode == "dump"
             else None

@@ -137,6 +137,8 @@ def main() -> None:
     f1, b1 = dumped()
     if f1 > f0:
         out["files"], out["bytes"] = f1 - f0, b1 - b0
+        # how many went with O_DIRECT (PPROBE_DUMP_DIRECT), the warm-up's dump included
+        out["direct_files"] = session().dumper.summary().get("direct_files")
     emit(out)
 
 
