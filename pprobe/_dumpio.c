@@ -530,9 +530,9 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
  * buffered copy runs at a few hundred MB/s a thread, below the device's speed; into warm
  * pages it runs at several GB/s, above it. So with PPROBE_DUMP_DIRECT=auto (the default), of
  * the two threads that write a batch's large files (write_large), the helper writes with
- * O_DIRECT, and the worker goes the way whose recent files took less time a byte: its own
- * through the page cache, or the helper's (it tries the page cache again every
- * DIRECT_RETRY files). Each takes the next file when it is done, so the faster way writes
+ * O_DIRECT, and the worker goes the way whose recent files took less time a byte (the
+ * helper's included), trying the other way again after DIRECT_RETRY files, twice as many
+ * each time it is still the slower (a batch with one large file is the worker's alone). Each takes the next file when it is done, so the faster way writes
  * more of them. `on`: both with O_DIRECT; `off`: both through the page cache. A folder whose
  * file system refuses O_DIRECT (EINVAL: tmpfs before Linux 6.6, some FUSE mounts) gets
  * buffered writes from then on. A file's whole pages are written with O_DIRECT, its last
@@ -540,7 +540,8 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
  * temporary name: it is renamed only once whole, as buffered ones are. */
 #define DIRECT_MIN PAR_MIN
 #define DIRECT_ALIGN 4096u
-#define DIRECT_RETRY 16
+#define DIRECT_RETRY 16 /* files, doubled each time the other way is still slower */
+#define DIRECT_RETRY_MAX 512
 enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };
 /* under hmu: the setting, whether the folder takes O_DIRECT, the files written with it, the
  * two ways' recent ns per MiB (0: none yet), the worker's direct files since it last tried
@@ -548,7 +549,7 @@ enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };
 static int d_setting = DIRECT_AUTO, d_ok = 1;
 static uint64_t d_files = 0; /* (tests, meta.json) */
 static double d_ns[2] = {0, 0};
-static int d_since = 0;
+static int d_since = 0, d_retry = DIRECT_RETRY;
 
 #ifdef O_DIRECT
 #define HAVE_DIRECT 1
@@ -562,17 +563,26 @@ static int d_choose(const Job *j, int helper) {
     if (!HAVE_DIRECT || d_setting == DIRECT_OFF || !d_ok || j->block != (void *)j->data)
         return 0;
     if (d_setting == DIRECT_ON || helper) return 1;
-    if (d_ns[0] == 0 || d_ns[1] == 0 || d_ns[0] <= d_ns[1]) return 0;
-    if (++d_since < DIRECT_RETRY) return 1;
+    if (d_ns[0] == 0 || d_ns[1] == 0) return d_ns[0] != 0; /* (each way measured once) */
+    int best = d_ns[1] < d_ns[0];
+    if (++d_since < d_retry) return best;
     d_since = 0;
-    return 0;
+    return !best;
 }
 
-/* with hmu held: a file of len bytes took ns the way `direct` */
-static void d_took(int direct, size_t len, uint64_t ns) {
+/* with hmu held: a file of len bytes took ns the way `direct` (helper: the helper's) */
+static void d_took(int direct, size_t len, uint64_t ns, int helper) {
     double v = (double)ns * (double)(1u << 20) / (double)(len ? len : 1);
-    d_ns[direct] = d_ns[direct] == 0 ? v : 0.75 * d_ns[direct] + 0.25 * v;
+    int was = d_ns[1] < d_ns[0], measured = d_ns[0] != 0 && d_ns[1] != 0;
+    int tried = measured && !helper && d_setting == DIRECT_AUTO && direct != was;
+    /* (a way tried again: its old figure is stale, the new one replaces it) */
+    d_ns[direct] = d_ns[direct] == 0 || tried ? v : 0.75 * d_ns[direct] + 0.25 * v;
     d_files += direct;
+    if (!measured || helper || d_setting != DIRECT_AUTO) return;
+    if ((d_ns[1] < d_ns[0]) != was) /* the other way is faster now */
+        d_retry = DIRECT_RETRY;
+    else if (direct != was && d_retry < DIRECT_RETRY_MAX) /* tried, and still slower */
+        d_retry *= 2;
 }
 
 static uint64_t now_ns(void) {
@@ -660,7 +670,7 @@ static void h_share(int helper) {
         pthread_mutex_lock(&hmu);
         j->err = err;
         if (refused) d_ok = 0; /* (written the buffered way just above) */
-        else if (!err) d_took(direct, j->len, t1 - t0); /* (successful writes only) */
+        else if (!err) d_took(direct, j->len, t1 - t0, helper); /* (successful writes only) */
         h_files += helper;
         if (--h_left == 0) pthread_cond_signal(&hcv_done);
     }
@@ -866,6 +876,7 @@ static void atfork_child(void) {
     d_files = 0;
     d_ns[0] = d_ns[1] = 0;
     d_since = 0;
+    d_retry = DIRECT_RETRY;
     for (int k = 0; k < 2; k++) { /* the queue, and the batch the parent's writer held */
         Job *j = k ? q_busy : q_head;
         while (j) {
@@ -1227,6 +1238,7 @@ static PyObject *dq_direct(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         d_setting = v;
         d_ns[0] = d_ns[1] = 0;
         d_since = 0;
+        d_retry = DIRECT_RETRY;
     }
     PyObject *r = Py_BuildValue("(iiK)", d_setting, d_ok, (unsigned long long)d_files);
     pthread_mutex_unlock(&hmu);
