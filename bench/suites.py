@@ -183,6 +183,8 @@ def _probe(name: str, mode: str | None = None, **env: str) -> dict[str, Any]:
 #: must name the engine asked for, else the run is "fell back" and is not timed as that engine.
 ENGINES = ("native", "python")
 LOG = {e: f"log ({e})" for e in ENGINES}
+#: dump mode past its budget (the NumPy MLP)
+SPENT = "dump, budget spent"
 
 
 def _log_variants(torch: bool) -> list[Variant]:
@@ -490,8 +492,16 @@ def numpy_mlp(plan: Plan, log: Log) -> Section:
         "numpy_mlp",
         f"4a. NumPy MLP 128-256-256-10, batch 64, {plan.mlp_steps} steps, manual backward: seconds",
     )
-    _program(sec, "numpy_mlp", _variants(False), plan, {"steps": plan.mlp_steps}, log, "step")
+    # dump mode once the budget is used up (in the warm-up steps): what the rest of a long
+    # run costs, where every dump is refused with its note
+    spent = Variant(SPENT, probe=True, env={"PPROBE_MODE": "dump", "PPROBE_BUDGET": "1MB"})
+    vs = _variants(False, [spent])
+    _program(sec, "numpy_mlp", vs, plan, {"steps": plan.mlp_steps}, log, "step")
     _writer_note(sec)
+    sec.notes.append(
+        f"{SPENT}: dump mode with PPROBE_BUDGET=1MB, used up in the warm-up steps: the cost of "
+        "dump mode for the rest of a run longer than its budget (statistics, no dumps)"
+    )
     return sec
 
 

@@ -1189,7 +1189,7 @@ static PyObject *dmemo_get(PyObject *x) { /* borrowed, or NULL */
 }
 static PyObject *g_dumper;
 static PyObject *str_c_digest, *str_nbytes, *str_n, *str_lock, *str_seen, *str_pack,
-    *str_acquire, *str_release, *str_content_hash;
+    *str_acquire, *str_release, *str_content_hash, *str_stop_note;
 
 /* The dumper's fields that every dump reads (Dumper._view, pprobe/dumps.py), taken again only
  * when Dumper._n[DUMPER_VIEW] (a number per state of those fields; 0: Python takes every dump)
@@ -1224,7 +1224,7 @@ static int dview_take(PyObject *d, DView *out, Py_buffer *nbuf) {
     if (got < 0) goto no;
     if (nbuf->itemsize != 8 || nbuf->len < (DUMPER_VIEW + 1) * 8) goto release;
     int64_t view = ((int64_t *)nbuf->buf)[DUMPER_VIEW];
-    if (!view) goto release;
+    if (view <= 0) goto release; /* (0, or DUMPER_STOPPED: see dumper_stop_note) */
     if (nbuf->obj != g_dv.n || view != g_dv.view) { /* taken anew: locals, then one swap */
         DView v = {0};
         v.view = view;
@@ -2257,6 +2257,7 @@ static PyObject *set_dumper(PyObject *self, PyObject *args) {
     INTERN(str_unsubmit, "unsubmit");
     INTERN(str_op_name, "name");
     INTERN(str_content_hash, "content_hash");
+    INTERN(str_stop_note, "stop_note");
 #undef INTERN
     if (!g_records_mod && !(g_records_mod = PyImport_ImportModule("pprobe.records"))) return NULL;
     static int atfork = 0;
@@ -2337,6 +2338,28 @@ static PyObject *scalar_dump_mem(PyObject *x, PyObject **header) {
     return mv;
 }
 
+/* The dumper's note while dumping has stopped for good (Dumper._n[DUMPER_VIEW] is
+ * DUMPER_STOPPED: the budget used up with no ring of steps, or the disk full), a new
+ * reference; else NULL (no error set). Every dump of a call then gets this note, with no
+ * call into the dumper: a long run spends most of its steps past its budget. */
+#define DUMPER_STOPPED (-1)
+static PyObject *dumper_stop_note(void) {
+    if (!g_dumper) return NULL;
+    PyObject *n = PyObject_GetAttr(g_dumper, str_n), *note = NULL;
+    Py_buffer b;
+    int64_t view = 0;
+    if (n && PyObject_GetBuffer(n, &b, PyBUF_FORMAT) == 0) {
+        if (b.itemsize == 8 && b.len >= (DUMPER_VIEW + 1) * 8)
+            view = ((int64_t *)b.buf)[DUMPER_VIEW];
+        PyBuffer_Release(&b);
+    }
+    Py_XDECREF(n);
+    if (view == DUMPER_STOPPED) note = PyObject_GetAttr(g_dumper, str_stop_note);
+    if (note && !PyUnicode_CheckExact(note)) Py_CLEAR(note);
+    PyErr_Clear();
+    return note;
+}
+
 /* Dump the described arrays from desc `from` on (inputs before the call, outputs after it):
  * each record gets its dump's path and note (a note replaces the statistics' note, as in
  * recorder._describe). An out= input and uninitialised outputs are not dumped. A failure is
@@ -2346,13 +2369,22 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         memo_arm(0);
         return 0;
     }
-    PyObject *o_op = NULL, *o_seq = NULL;
+    PyObject *o_op = NULL, *o_seq = NULL, *stop = dumper_stop_note();
     int many = output && ds->n - from > 1, rc = 0;
     for (Py_ssize_t i = from; i < ds->n; i++) {
         PyObject *x = ds->src[i].x;
         DescRec *r = &ds->d[i];
         if (!x || (r->role == s_input && r->idx == s_out_kw) || (output && g_cur_uninit))
             continue;
+        if (stop) { /* (as Dumper.dump answers: no path, this note) */
+            int32_t k = descs_obj(ds, Py_NewRef(stop));
+            if (k < 0) {
+                rc = -1;
+                break;
+            }
+            ds->d[i].note = k;
+            continue;
+        }
         int kind = output ? 1 + many : 0;
         Py_ssize_t idx = output ? ds->src[i].pos : r->idx;
         PyObject *o_head = npy_header_of(x);
@@ -2405,6 +2437,7 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
     }
     Py_XDECREF(o_op);
     Py_XDECREF(o_seq);
+    Py_XDECREF(stop);
     memo_arm(0); /* the phase is dumped: its tensor reads are forgotten */
     return rc;
 }

@@ -559,7 +559,11 @@ def _seq_of(prefix: str) -> int:
 #: Dumper._n[VIEW]: the number of the state of the fields the native core's dumps read
 #: (Dumper._view; pprobe/_native.c, dview_take)
 VIEW = 6
+#: Dumper._n[VIEW] while dumping has stopped for good: the core notes ``Dumper.stop_note``
+STOPPED = -1
 _views = itertools.count(1)
+#: The note of a dump the budget had no room for
+NOTE_EXHAUSTED = "not dumped: dump budget exhausted"
 
 
 def _viewed(name: str) -> property:
@@ -678,7 +682,15 @@ class Dumper:
             and not self._exhausted
             and not self._disk_full
         )
-        n[VIEW] = next(_views) if ok else 0
+        # Dumping stopped for good (the budget used up with no ring to give bytes back, or
+        # the disk full): STOPPED, and every dump's note is ``stop_note``, which the core
+        # then writes itself, with no call to :meth:`dump` (a long run spends most of its
+        # steps past its budget).
+        stop = ""
+        if not ok and getattr(self, "ring", 0) is None:
+            stop = NOTE_EXHAUSTED if self._exhausted else self._disk_full
+        self.stop_note = stop or None
+        n[VIEW] = next(_views) if ok else STOPPED if stop else 0
 
     def after_fork(self) -> None:
         """A forked child starts with no reserved bytes and no written files of its own."""
@@ -816,7 +828,7 @@ class Dumper:
         ``header``: ``npy_header(arr.dtype, arr.shape, fortran_order(arr))`` where the
         caller has it (the native core makes it for the builtin numeric dtypes)."""
         if self.exhausted and (self.ring is None or not self.ring.holding):
-            return None, "not dumped: dump budget exhausted"
+            return None, NOTE_EXHAUSTED
         if self.disk_full:
             return None, self.disk_full
         try:
@@ -871,7 +883,7 @@ class Dumper:
                     left = self.held - self.used + (self.n_chunks - self.next_k) * self.chunk
                     if left < SMALL or total <= SMALL:
                         self._exhaust(total)
-                        return None, "not dumped: dump budget exhausted"
+                        return None, NOTE_EXHAUSTED
                     self.skipped += 1
                     return None, (
                         f"not dumped: {total} bytes do not fit in the {left} bytes left of the "

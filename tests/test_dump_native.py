@@ -306,13 +306,16 @@ def test_the_core_sees_each_change_of_the_dumper_at_its_next_dump(tmp_path: Path
     """The core reads the dumper's lock, seen contents, budget counters and digest function
     once per state of the dumper (Dumper._view numbers them), not at every dump. Stopping the
     dumps (the budget used up, a full disk) reaches its very next dump, and so does a new seen
-    dict, lock and counters (Dumper._reset, as a forked child's dumper does)."""
+    dict, lock and counters (Dumper._reset, as a forked child's dumper does). Once dumping has
+    stopped for good, the core gives each dump the dumper's note itself (Dumper.stop_note),
+    with no call into Python: a long run spends most of its steps past its budget."""
     r = run_script(
         tmp_path,
         """
         import json
         import numpy as np
         from pprobe import recorder
+        from pprobe.dumps import Dumper
         from pprobe.session import Session
         calls = []
         real = recorder._native_dump
@@ -321,26 +324,34 @@ def test_the_core_sees_each_change_of_the_dumper_at_its_next_dump(tmp_path: Path
             calls.append(op)
             return real(x, op, seq, kind, idx, header)
 
+        asked = []
+        real_dump = Dumper.dump
+
+        def dump(self, *a, **k):
+            asked.append(1)
+            return real_dump(self, *a, **k)
+
+        Dumper.dump = dump
         from pprobe import _native
         _native.set_dump(counting)
         d = Session.active.dumper
         a = np.arange(12.0)
         np.negative(a)                # the first dump (Python), then the core's
         np.negative(a + 1)
-        core = len(calls)
+        core, asked0 = len(calls), len(asked)
         d.disk_full = "not dumped: no space (a test)"
-        np.negative(a + 2)            # each dump is Python's now: it says why, no file
-        full = len(calls) - core
+        np.negative(a + 2)            # FULL: each dump says why, no file, no call
+        full = len(calls) - core, len(asked) - asked0
         d.disk_full = ""
         d._reset()                    # new seen, counters: the core takes them
         held0 = d.held
         np.negative(a + 3)
-        after = len(calls) - core - full
+        after = len(calls) - core
         fresh = len(d.seen), d.used, held0
         d.exhausted = True
-        np.negative(a + 4)
+        np.negative(a + 4)            # EXHAUSTED
         print(json.dumps({"core": core, "full": full, "after": after, "fresh": fresh,
-                          "exhausted": len(calls) - core - full - after}))
+                          "exhausted": (len(calls) - core - after, len(asked) - asked0)}))
         """,
         env={"PPROBE_CORE": "native", "PPROBE_MODE": "dump", "PPROBE_BUDGET": "64MB"},
     ).check()
@@ -348,17 +359,28 @@ def test_the_core_sees_each_change_of_the_dumper_at_its_next_dump(tmp_path: Path
 
     out = json.loads(r.out.strip().splitlines()[-1])
     assert out["core"] == 1, out  # only the process's first dump
-    assert out["full"] >= 3, out  # a + 2's output, np.negative's input and output
+    assert out["full"] == [0, 0], out  # neither the core's Python half nor Dumper.dump
     # after _reset: the first dump takes a budget chunk in the core, and the core fills the
     # new seen dict and counters (nothing reached Python)
     assert out["after"] == 0, out
     seen, used, held0 = out["fresh"]
     assert held0 == 0 and used > 0 and seen >= 2, out
-    assert out["exhausted"] >= 3, out
-    notes = [t["note"] for o in ops(r.run_dir) for t in tensors(r.run_dir, f"seq = {o['seq']}")]
-    # every dump Python took then says why it was not made
-    assert notes.count("not dumped: no space (a test)") == out["full"], notes
-    assert notes.count("not dumped: dump budget exhausted") == out["exhausted"], notes
+    assert out["exhausted"] == [0, 0], out
+    src = (tmp_path / "prog.py").read_text().splitlines()
+    line = {tag: next(i for i, t in enumerate(src, 1) if f"# {tag}" in t)
+            for tag in ("FULL", "EXHAUSTED")}  # fmt: skip
+    by_line: dict[int, list] = {}
+    for o in ops(r.run_dir):
+        by_line.setdefault(int(o["caller"].rsplit(":", 1)[1]), []).extend(
+            tensors(r.run_dir, f"seq = {o['seq']}")
+        )
+    for tag, note in (("FULL", "not dumped: no space (a test)"),
+                      ("EXHAUSTED", "not dumped: dump budget exhausted")):  # fmt: skip
+        rows = by_line[line[tag]]
+        assert len(rows) >= 4, rows  # a + k's input and output, np.negative's
+        assert all(t["note"] == note and t["dump_path"] is None for t in rows), rows
+    # and the others were dumped
+    assert all(t["dump_path"] for k, v in by_line.items() if k not in line.values() for t in v)
 
 
 @pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
