@@ -547,6 +547,9 @@ enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };
  * two ways' recent ns per MiB (0: none yet), the worker's direct files since it last tried
  * the page cache */
 static int d_setting = DIRECT_AUTO, d_ok = 1;
+/* tests: the folder's file system creates the file, then refuses O_DIRECT (as tmpfs before
+ * Linux 6.6 does) */
+static int d_refuse_test = 0;
 static uint64_t d_files = 0; /* (tests, meta.json) */
 static double d_ns[2] = {0, 0};
 static int d_since = 0, d_retry = DIRECT_RETRY;
@@ -594,14 +597,22 @@ static uint64_t now_ns(void) {
 /* write_file with O_DIRECT from j's page-aligned block: 0, an errno, or -1 where the
  * folder's file system refuses O_DIRECT or its alignment (nothing is left behind: the caller
  * writes the file the buffered way) */
-static int write_direct(int dfd, const Job *j) {
+static int write_direct(int dfd, const Job *j, int refuse_test) {
     char *tmp = tmp_name(j->name);
     if (!tmp) return ENOMEM;
     int err = 0;
     int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_DIRECT,
                     0600);
+    if (fd >= 0 && refuse_test) {
+        close(fd);
+        fd = -1;
+        errno = EINVAL;
+    }
     if (fd < 0) {
         err = errno == EINVAL ? -1 : errno;
+        /* A file system without O_DIRECT may have created the file before refusing the flag:
+         * O_EXCL made the name ours, so it goes (the buffered write creates it again). */
+        if (err == -1) unlinkat(dfd, tmp, 0);
     } else {
         size_t n = j->len & ~(size_t)(DIRECT_ALIGN - 1), done = 0;
         while (done < n && !err) {
@@ -661,10 +672,10 @@ static uint64_t h_files = 0; /* files the helper wrote (tests: the two-thread pa
 static void h_share(int helper) {
     while (h_next < h_n) {
         Job *j = h_jobs[h_next++];
-        int dfd = h_dfd, direct = d_choose(j, helper);
+        int dfd = h_dfd, direct = d_choose(j, helper), refuse_test = d_refuse_test;
         pthread_mutex_unlock(&hmu);
         uint64_t t0 = now_ns();
-        int err = direct ? write_direct(dfd, j) : 0, refused = err == -1;
+        int err = direct ? write_direct(dfd, j, refuse_test) : 0, refused = err == -1;
         if (!direct || refused) err = write_file(dfd, j->name, j->data, j->len);
         uint64_t t1 = now_ns();
         pthread_mutex_lock(&hmu);
@@ -1222,11 +1233,13 @@ static PyObject *dq_helper_files(PyObject *self, PyObject *unused) {
     return PyLong_FromUnsignedLongLong(n);
 }
 
-/* direct([setting]) -> (setting, the folder takes O_DIRECT, files written with O_DIRECT):
- * setting 0 off, 1 auto, 2 on (PPROBE_DUMP_DIRECT) */
+/* direct([setting[, refuse_test]]) -> (setting, the folder takes O_DIRECT, files written
+ * with O_DIRECT): setting 0 off, 1 auto, 2 on (PPROBE_DUMP_DIRECT); refuse_test (tests): the
+ * file system creates each file, then refuses O_DIRECT */
 static PyObject *dq_direct(PyObject *self, PyObject *const *a, Py_ssize_t n) {
-    int v = -1;
-    if (n > 1 || (n == 1 && ((v = PyLong_AsLong(a[0])) < DIRECT_OFF || v > DIRECT_ON))) {
+    int v = -1, refuse = -1;
+    if (n > 2 || (n >= 1 && ((v = PyLong_AsLong(a[0])) < DIRECT_OFF || v > DIRECT_ON)) ||
+        (n == 2 && (refuse = PyObject_IsTrue(a[1])) < 0)) {
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
             PyErr_Clear();
             PyErr_SetString(PyExc_ValueError, "direct([setting]): 0 off, 1 auto or 2 on");
@@ -1234,7 +1247,8 @@ static PyObject *dq_direct(PyObject *self, PyObject *const *a, Py_ssize_t n) {
         return NULL;
     }
     pthread_mutex_lock(&hmu);
-    if (n == 1) {
+    if (refuse >= 0) d_refuse_test = refuse;
+    if (n >= 1) {
         d_setting = v;
         d_ns[0] = d_ns[1] = 0;
         d_since = 0;

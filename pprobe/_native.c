@@ -2340,8 +2340,9 @@ static PyObject *scalar_dump_mem(PyObject *x, PyObject **header) {
 
 /* The dumper's note while dumping has stopped for good (Dumper._n[DUMPER_VIEW] is
  * DUMPER_STOPPED: the budget used up with no ring of steps, or the disk full), a new
- * reference; else NULL (no error set). Every dump of a call then gets this note, with no
- * call into the dumper: a long run spends most of its steps past its budget. */
+ * reference; else NULL (no error set). An array the core would dump then gets this note (the
+ * one Dumper.dump gives), with no call into the dumper: a long run spends most of its steps
+ * past its budget. Read only when the core did not take a dump, so dumping pays nothing. */
 #define DUMPER_STOPPED (-1)
 static PyObject *dumper_stop_note(void) {
     if (!g_dumper) return NULL;
@@ -2369,22 +2370,13 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
         memo_arm(0);
         return 0;
     }
-    PyObject *o_op = NULL, *o_seq = NULL, *stop = dumper_stop_note();
-    int many = output && ds->n - from > 1, rc = 0;
+    PyObject *o_op = NULL, *o_seq = NULL, *stop = NULL;
+    int many = output && ds->n - from > 1, rc = 0, stop_read = 0;
     for (Py_ssize_t i = from; i < ds->n; i++) {
         PyObject *x = ds->src[i].x;
         DescRec *r = &ds->d[i];
         if (!x || (r->role == s_input && r->idx == s_out_kw) || (output && g_cur_uninit))
             continue;
-        if (stop) { /* (as Dumper.dump answers: no path, this note) */
-            int32_t k = descs_obj(ds, Py_NewRef(stop));
-            if (k < 0) {
-                rc = -1;
-                break;
-            }
-            ds->d[i].note = k;
-            continue;
-        }
         int kind = output ? 1 + many : 0;
         Py_ssize_t idx = output ? ds->src[i].pos : r->idx;
         PyObject *o_head = npy_header_of(x);
@@ -2396,6 +2388,18 @@ static int dump_descs(Descs *ds, Py_ssize_t from, Py_ssize_t opi, int64_t seq, i
                 Py_SETREF(o_head, th);
         }
         if (o_head) res = dump_fast(mem ? mem : x, x, o_head, opi, seq, kind, idx, &done);
+        if (!done && !res && o_head && o_head != Py_None) {
+            /* an array the core dumps but did not: has dumping stopped for good? Then
+             * Dumper.dump's answer, made here (read once per call) */
+            if (!stop_read) {
+                stop_read = 1;
+                stop = dumper_stop_note();
+            }
+            if (stop) {
+                res = PyTuple_Pack(2, Py_None, stop); /* (NULL: reported below) */
+                done = 1;
+            }
+        }
         if (mem) {
             Py_DECREF(mem);
             if (!done) Py_SETREF(o_head, Py_NewRef(Py_None)); /* Python reads the tensor */

@@ -240,8 +240,9 @@ def test_the_budget_chunks(tmp_path: Path, budget: int) -> None:
 
 def test_the_dumpers_view_number_changes_with_each_field_the_core_reads(tmp_path: Path) -> None:
     """Dumper._n[VIEW] (what the native core checks before it takes the dumper's fields again)
-    is 0 until the folder is open and the digest chosen, and while dumping has stopped; every
-    change of a field the core reads gives a number not seen before."""
+    is 0 until the folder is open and the digest chosen, STOPPED (with the note of every dump
+    in ``stop_note``) while dumping has stopped for good; every change of a field the core
+    reads gives a number not seen before."""
     d = dumps.Dumper(str(tmp_path), 8 << 20)
     view = lambda: d._n[dumps.VIEW]  # noqa: E731
     assert view() == 0  # not opened, no digest
@@ -257,10 +258,15 @@ def test_the_dumpers_view_number_changes_with_each_field_the_core_reads(tmp_path
     n = d._n
     d._reset()  # (a forked child's dumper): a new _n, numbered at once
     assert d._n is not n and view() not in seen and view() != 0
-    for field, stop, go in (("disk_full", "not dumped: full", ""), ("exhausted", True, False)):
+    for field, stop, go, note in (
+        ("disk_full", "not dumped: full", "", "not dumped: full"),
+        ("exhausted", True, False, dumps.NOTE_EXHAUSTED),
+    ):
         setattr(d, field, stop)
-        assert view() == 0, field
+        # stopped for good (no ring of steps): the core gives each dump this note itself
+        assert view() == dumps.STOPPED and d.stop_note == note, field
         setattr(d, field, go)
+        assert d.stop_note is None, field
         assert view() not in seen and view() != 0, field
         seen.add(view())
     d.close()
@@ -617,23 +623,44 @@ def test_large_files_are_written_two_at_once_and_each_is_whole(tmp_path: Path) -
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def _takes_o_direct(d: Path) -> bool:
+    """The file system of folder d opens files with O_DIRECT (ext4, xfs; tmpfs since 6.6)."""
+    if not hasattr(os, "O_DIRECT"):
+        return False
+    p = d / "o_direct_probe"
+    try:
+        os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+    finally:
+        if p.exists():
+            p.unlink()
+
+
 @pytest.mark.skipif(core.dumpio() is None, reason="the native dump writer is not built")
-@pytest.mark.parametrize("setting", ["on", "auto", "off"])
+@pytest.mark.parametrize("setting", ["on", "auto", "off", "refused"])
 def test_large_files_written_with_o_direct_are_whole(tmp_path: Path, setting: str) -> None:
     """PPROBE_DUMP_DIRECT: large dumps (256 KiB and more, one file each) go with O_DIRECT
-    from their page-aligned, zero-padded block, then are cut to their size: every file holds
-    exactly its bytes whatever its size's remainder by the page, no temporary is left, and the
-    counter says how many went that way: all with `on`, at least the helper's with `auto` (the
-    worker's too when they were the faster way), none with `off`."""
+    from their page-aligned block, their last partial page through the page cache: every file
+    holds exactly its bytes whatever its size's remainder by the page, no temporary is left,
+    and the counter says how many went that way: all with `on`, at least the helper's with
+    `auto` (the worker's too when they were the faster way), none with `off`. `refused`: `on`
+    where the file system creates each file and then refuses O_DIRECT (tmpfs before Linux
+    6.6): the temporary file it made goes, every file is written through the page cache, and
+    direct() says the folder refused."""
     mod = core.dumpio()
     q = dumps.NativeQueue(mod)
     rng = np.random.default_rng(5)
-    mod.direct(dumps.DIRECT_CODES[setting])
     d = tmp_path / "run"
     d.mkdir()
+    if setting != "off" and not _takes_o_direct(d):
+        pytest.skip("this file system refuses O_DIRECT")
+    mod.direct(dumps.DIRECT_CODES["on" if setting == "refused" else setting], setting == "refused")
     fd = os.open(d, os.O_RDONLY)
     try:
         q.open(fd, 256 << 20)
+        q.failures()  # (earlier tests')
         _, ok, start = mod.direct()
         want: dict[str, bytes] = {}
         helper0 = mod.helper_files()
@@ -651,12 +678,16 @@ def test_large_files_written_with_o_direct_are_whole(tmp_path: Path, setting: st
         _, ok_after, end = mod.direct()
     finally:
         os.close(fd)
-        mod.direct(dumps.DIRECT_CODES["auto"])
+        mod.direct(dumps.DIRECT_CODES["auto"], False)
     for name, raw in want.items():
         assert (d / name).read_bytes() == raw, name
     assert sorted(p.name for p in d.iterdir()) == sorted(want)  # (no .tmp left)
-    assert ok and ok_after  # (ext4 and tmpfs since Linux 6.6 take O_DIRECT)
+    assert q.failures() == []
     went = end - start
+    if setting == "refused":
+        assert ok and not ok_after and went == 0  # (refused at the first file, then buffered)
+        return
+    assert ok and ok_after
     if setting == "on":
         assert went == 5 * 12  # every file of 256 KiB and more, the first included
     elif setting == "auto":
