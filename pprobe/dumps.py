@@ -961,14 +961,20 @@ class Dumper:
                 self.infos.clear()
             for name, *info in self.io.codec_infos():
                 self.infos[name] = tuple(info)
+        gone = set()
         for name, code, msg in self.io.failures():
             self.failed[name] = f"not dumped: {msg}"
+            gone.add(name)
             if code in _DISK_FULL and not self.disk_full:
                 # Every later dump would fail the same way: dumping stops, logging goes on.
                 self.disk_full = f"not dumped: {msg}; dumping stopped"
             if not self.errors:  # once: later failures are counted in meta.json
                 _report.internal_error("writing dumps", OSError(code, msg, name))
             self.errors += 1
+        if gone:  # a content whose file failed is not seen: its next dump is written anew
+            with self.lock:
+                for key in [k for k, v in self.seen.items() if v in gone]:
+                    del self.seen[key]
 
     def close(self, timeout: float = 60.0) -> None:
         if self.ring is not None:

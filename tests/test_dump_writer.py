@@ -726,3 +726,30 @@ def test_o_direct_dumps_load_back_and_meta_counts_them(tmp_path: Path) -> None:
         assert m["direct_files"] == 12
     else:
         assert m["direct_files"] is None
+
+
+def test_a_content_whose_file_failed_is_written_again(tmp_path: Path) -> None:
+    """A dump whose file could not be written (here a symlink planted at its temporary name,
+    never followed) leaves the seen contents: the next dump of the same content is a file of
+    its own, not a hard link to the file that does not exist."""
+    d = dumps.Dumper(str(tmp_path), 64 << 20)
+    a = np.arange(100_000, dtype=np.float64)  # 800 KB: a file, new content
+    name, note = d.dump(np.ones(3), "x", "input0", "1-1")
+    assert name and note is None
+    planted = ".op_x_input0_1-2.npy.tmp"
+    os.symlink(tmp_path / "victim", tmp_path / planted)
+    first, note = d.dump(a, "x", "input0", "1-2")
+    assert first == "op_x_input0_1-2.npy" and note is None
+    failed = d.barrier()
+    assert first in failed and not (tmp_path / first).exists()
+    assert not (tmp_path / "victim").exists()
+    again, note = d.dump(a.copy(), "x", "input0", "1-3")
+    assert again == "op_x_input0_1-3.npy" and note is None
+    assert d.barrier().keys() == {first}
+    assert (tmp_path / again).stat().st_nlink == 1  # a file, not a link
+    assert np.array_equal(np.load(tmp_path / again), a)
+    # and the content is seen again: its next dump is a link to that file
+    third, _ = d.dump(a.copy(), "x", "input0", "1-4")
+    d.barrier()
+    assert (tmp_path / third).stat().st_ino == (tmp_path / again).stat().st_ino
+    d.close()
