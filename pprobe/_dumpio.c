@@ -532,12 +532,13 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
  * the two threads that write a batch's large files (write_large), the helper writes with
  * O_DIRECT, and the worker goes the way whose recent files took less time a byte (the
  * helper's included), trying the other way again after DIRECT_RETRY files, twice as many
- * each time it is still the slower (a batch with one large file is the worker's alone). Each takes the next file when it is done, so the faster way writes
- * more of them. `on`: both with O_DIRECT; `off`: both through the page cache. A folder whose
- * file system refuses O_DIRECT (EINVAL: tmpfs before Linux 6.6, some FUSE mounts) gets
- * buffered writes from then on. A file's whole pages are written with O_DIRECT, its last
- * partial page through the page cache (O_DIRECT cleared on the descriptor), under its
- * temporary name: it is renamed only once whole, as buffered ones are. */
+ * each time it is still the slower (a batch with one large file is the worker's alone).
+ * Each takes the next file when it is done, so the faster way writes more of them. `on`:
+ * both with O_DIRECT; `off`: both through the page cache. A folder whose file system refuses
+ * O_DIRECT (EINVAL: tmpfs before Linux 6.6, some FUSE mounts) gets buffered writes from then
+ * on. A file's whole pages are written with O_DIRECT, its last partial page through the page
+ * cache (O_DIRECT cleared on the descriptor), under its temporary name: it is renamed only
+ * once whole, as buffered ones are. */
 #define DIRECT_MIN PAR_MIN
 #define DIRECT_ALIGN 4096u
 #define DIRECT_RETRY 16 /* files, doubled each time the other way is still slower */
@@ -547,6 +548,7 @@ enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };
  * two ways' recent ns per MiB (0: none yet), the worker's direct files since it last tried
  * the page cache */
 static int d_setting = DIRECT_AUTO, d_ok = 1;
+static unsigned d_gen = 0; /* the folder d_ok is about (dir_gen) */
 /* tests: the folder's file system creates the file, then refuses O_DIRECT (as tmpfs before
  * Linux 6.6 does) */
 static int d_refuse_test = 0;
@@ -665,6 +667,7 @@ static pthread_cond_t hcv_done = PTHREAD_COND_INITIALIZER; /* a round's last fil
 /* under hmu: the round's files, the next to take, how many are not written yet */
 static Job **h_jobs = NULL;
 static int h_n = 0, h_next = 0, h_left = 0, h_dfd = -1, h_running = 0, h_quit = 0;
+static unsigned h_gen = 0; /* the round's folder (dir_gen): a refusal counts for it only */
 static unsigned h_round = 0;
 static uint64_t h_files = 0; /* files the helper wrote (tests: the two-thread path ran) */
 
@@ -680,7 +683,7 @@ static void h_share(int helper) {
         uint64_t t1 = now_ns();
         pthread_mutex_lock(&hmu);
         j->err = err;
-        if (refused) d_ok = 0; /* (written the buffered way just above) */
+        if (refused && h_gen == d_gen) d_ok = 0; /* (written the buffered way above) */
         else if (!err) d_took(direct, j->len, t1 - t0, helper); /* (successful writes only) */
         h_files += helper;
         if (--h_left == 0) pthread_cond_signal(&hcv_done);
@@ -703,7 +706,7 @@ static void *helper(void *unused) {
 }
 
 /* Write the batch's large files (two threads), marking them written; their err is set. */
-static void write_large(int dfd, Job *batch) {
+static void write_large(int dfd, unsigned gen, Job *batch) {
     Job *big[BATCH_JOBS];
     int n = 0;
     for (Job *j = batch; j; j = j->next)
@@ -715,6 +718,7 @@ static void write_large(int dfd, Job *batch) {
         h_n = h_left = 1;
         h_next = 0;
         h_dfd = dfd;
+        h_gen = gen;
         h_share(0);
         h_jobs = NULL;
         h_n = h_next = 0;
@@ -737,6 +741,7 @@ static void write_large(int dfd, Job *batch) {
     h_next = 0;
     h_left = n;
     h_dfd = dfd;
+    h_gen = gen;
     h_round++;
     pthread_cond_signal(&hcv_work);
     h_share(0);
@@ -805,7 +810,7 @@ static void *worker(void *unused) {
         int dfd = dirfd_;
         unsigned gen = dir_gen;
         pthread_mutex_unlock(&mu);
-        write_large(dfd, batch);
+        write_large(dfd, gen, batch);
         for (Job *j = batch; j;) {
             if (j->pack) {
                 j = append_group(dfd, gen, j);
@@ -942,10 +947,16 @@ static PyObject *dq_open(PyObject *self, PyObject *args) {
     dir_gen++;
     stopping = 0; /* reopened: a writer still draining after close() stays for the new jobs */
     q_max = maxb > 0 ? (size_t)maxb : 1;
+    unsigned gen = dir_gen;
     pthread_mutex_unlock(&mu);
     if (old >= 0) close(old);
     pthread_mutex_lock(&hmu);
-    d_ok = 1; /* (a new folder: O_DIRECT is tried again there) */
+    /* a new folder: O_DIRECT is tried again there (a refusal from a batch of the old one,
+     * still being written, does not count for it) */
+    if ((int)(gen - d_gen) > 0) {
+        d_gen = gen;
+        d_ok = 1;
+    }
     pthread_mutex_unlock(&hmu);
     Py_RETURN_NONE;
 }
@@ -2615,8 +2626,9 @@ static PyMethodDef methods[] = {
     {"counters", dq_counters, METH_NOARGS,
      "(queued bytes, submitted, completed, files, links, failed, bytes written)"},
     {"direct", (PyCFunction)(void (*)(void))dq_direct, METH_FASTCALL,
-     "direct([setting]) -> (setting, the folder takes O_DIRECT, files written O_DIRECT): "
-     "large dumps written with O_DIRECT, 0 never, 1 when faster (default), 2 always"},
+     "direct([setting[, refuse_test]]) -> (setting, the folder takes O_DIRECT, files written "
+     "O_DIRECT): large dumps written with O_DIRECT, 0 never, 1 when faster (default), 2 "
+     "always; refuse_test (tests): each open creates the file, then fails with EINVAL"},
     {"helper_files", dq_helper_files, METH_NOARGS,
      "files written by the second writer thread (large files, two at once)"},
     {"close", dq_close, METH_VARARGS, "close(timeout): drain and stop the writer thread"},

@@ -25,9 +25,11 @@ def helper_files() -> int:
     """Files written by the second writer thread: a batch's large files (256 KiB and more,
     one file each) are written by the writer and a helper thread together."""
 
-def direct(setting: int = ..., /) -> tuple[int, int, int]:
+def direct(setting: int = ..., refuse_test: bool = ..., /) -> tuple[int, int, int]:
     """(setting, the folder takes O_DIRECT, files written with O_DIRECT), after setting it
-    when given: 0 off, 1 auto (the default), 2 on (PPROBE_DUMP_DIRECT)."""
+    when given: 0 off, 1 auto (the default), 2 on (PPROBE_DUMP_DIRECT). refuse_test (tests):
+    each O_DIRECT open creates the file, then fails with EINVAL, as a file system without
+    O_DIRECT may."""
 
 def close(timeout: float, /) -> bool: ...
 def digest(buffer: Any, /) -> bytes | None: ...
