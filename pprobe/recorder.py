@@ -1204,7 +1204,13 @@ def _describe(
 def _dump_one(name: str, which: str, x: Any, h: Any, prefix: str) -> tuple[Any, Any]:
     """Dump mode: ``x``'s dump as ``op_{name}_{which}_{prefix}.npy``; (path or None, note or
     None). Both engines' dumps come through here (the native core's plain numeric arrays go
-    to the dumper directly: :func:`_native_dump`)."""
+    to the dumper directly: :func:`_native_dump`). Once dumping has stopped for good (the
+    dumper's ``stop_note``: the budget used up with no ring of steps, a full disk), every
+    array gets that note at once, before ``dumpable`` converts it or starts a copy off its
+    device."""
+    stop = _dumper.stop_note
+    if stop is not None:
+        return None, stop
     arr, note = h.dumpable(x)
     if arr is None:
         return None, note

@@ -501,3 +501,43 @@ def test_pytest_hides_the_modes_frame_in_tracebacks(tmp_path: Path) -> None:
     assert r.rc == 1, r.out + r.err
     assert "RuntimeError" in r.out and "test_user.py:3" in r.out
     assert "torch_api.py" not in r.out
+
+
+def test_past_the_budget_no_tensor_is_read_for_a_dump(tmp_path: Path) -> None:
+    """Once the dump budget is used up, a tensor's dump is refused before the handler reads
+    it for one (``dumpable``: for a CUDA tensor, pinned host memory and a copy off the device
+    per tensor): the row says why, whichever engine records it."""
+    r = run_script(
+        tmp_path,
+        """
+        import json
+        import numpy as np
+        import torch
+        from pprobe.interceptors import torch_values
+        calls = []
+        real = torch_values.HANDLER.dumpable
+
+        def dumpable(x):
+            calls.append(1)
+            return real(x)
+
+        torch_values.HANDLER.dumpable = dumpable
+        t = torch.arange(12.0).reshape(3, 4)
+        torch.neg(t.t())                  # a strided tensor: read by the handler
+        before = len(calls)
+        for i in range(200):              # 1.3 MB of new small contents: the budget
+            np.negative(np.full(400, float(i)))   # (1 MB) is used up
+        torch.neg(t.t() + 1)              # PAST
+        print(json.dumps({"before": before, "after": len(calls) - before}))
+        """,
+        env={"PPROBE_MODE": "dump", "PPROBE_BUDGET": "1MB"},
+    ).check()
+    out = json.loads(r.out.strip().splitlines()[-1])
+    assert out["before"] >= 1 and out["after"] == 0, out
+    src = (tmp_path / "prog.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(src, 1) if "# PAST" in t)
+    rows = [t for o in ops(r.run_dir) if o["caller"].endswith(f":{line}")
+            for t in tensors(r.run_dir, f"seq = {o['seq']}")]  # fmt: skip
+    assert rows and all(
+        t["dump_path"] is None and t["note"] == "not dumped: dump budget exhausted" for t in rows
+    ), rows
