@@ -7,17 +7,18 @@ python -m bench.writer_parts [--rounds 8] [--workload scipy|numpy] [--iters N]
 Each measure is a child process run through the bootstrap of a pprobe tree (``--tree``,
 default this checkout; give another checkout with its extensions built in place, e.g. an
 earlier commit's ``git worktree``, to compare before and after) in log mode. The child wraps
-the writer's flush and its helpers (``Writer._to_batches``, ``_args``, ``_shapes``,
-``_Strings.gather``, ``_op_table``, ``_site_table``, ``_stacks_batch``, ``_write``) and sums
-the calling thread's CPU clock (``time.thread_time``) spent in each, then divides by the op
-rows written. The flushes run as in a real run (``PPROBE_FLUSH_SECONDS`` at its default,
-batches of ``PPROBE_FLUSH_ROWS``), beside the program's thread.
+the writer's flush and its helpers (``Writer._to_batches``, ``_args``, ``_shapes``, the
+string columns: ``_Strings.gather``, and ``arrowipc.dict_indices`` where the tree has it;
+``_op_table``, ``_site_table``, ``_stacks_batch``, ``_write``) and sums the calling thread's
+CPU clock (``time.thread_time``) spent in each, then divides by the op rows written. The
+flushes run as in a real run (``PPROBE_FLUSH_SECONDS`` at its default, batches of
+``PPROBE_FLUSH_ROWS``), beside the program's thread.
 
 Workloads: ``scipy``, the SciPy loop of ``python -m bench`` (``scipy.linalg.solve`` and
 ``scipy.signal.lfilter``: rows with arguments, several ranks, ~25 op rows an iteration);
 ``numpy``, ``np.add`` on 10 elements (one op, every column constant in a batch). Trees are
 interleaved round by round; the figures are medians over the rounds. Parts nest
-(``_to_batches`` holds ``_args``, ``_shapes``, ``gather``...; ``flush`` holds all).
+(``_to_batches`` holds ``_args``, ``_shapes``, ``strings``...; ``flush`` holds all).
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ def wrap(obj, name, label):
     setattr(obj, name, g)
 
 
+# the string columns: utf8 columns gathered from string ids, or (trees since dictionary
+# encoding) the ids as dictionary indices
+wrap(W._Strings, "gather", "strings")
+if hasattr(W.A, "dict_indices"):
+    wrap(W.A, "dict_indices", "strings")
 for obj, name in ((W.Writer, "_flush"), (W.Writer, "_to_batches"), (W.Writer, "_args"),
-                  (W, "_shapes"), (W._Strings, "gather"), (W.Writer, "_op_table"),
+                  (W, "_shapes"), (W.Writer, "_op_table"),
                   (W.Writer, "_site_table"), (W.Writer, "_stacks_batch"),
                   (W.Writer, "_write")):
     wrap(obj, name, name.lstrip("_"))
@@ -80,7 +86,7 @@ n = w.rows_written
 print("RESULT " + json.dumps({"rows": n, "us_per_row": {k: v / n * 1e6 for k, v in acc.items()}}))
 """
 
-PARTS = ("flush", "to_batches", "args", "shapes", "gather", "op_table", "site_table",
+PARTS = ("flush", "to_batches", "args", "shapes", "strings", "op_table", "site_table",
          "stacks_batch", "write")  # fmt: skip
 
 

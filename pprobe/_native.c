@@ -41,7 +41,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 14
+#define PPROBE_NATIVE_API 15
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -4214,6 +4214,53 @@ done:
     return out;
 }
 
+/* dict_indices(ids) -> a dict<utf8> column of string ids (pprobe.arrowipc.dict_indices,
+   whose NumPy code is the twin): the one id of every row (an int; -1: all null), or (null
+   count, validity bitmap or None, int32 indices ids + 1) as bytes. ids: as utf8_column's.
+   One pass in C with the GIL held: NumPy's passes would each hand the GIL to the program's
+   thread and wait to get it back. */
+static PyObject *dict_indices(PyObject *self, PyObject *arg) {
+    Py_buffer ib;
+    Ids v;
+    if (PyObject_GetBuffer(arg, &ib, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    PyObject *out = NULL, *idx = NULL, *bitmap = NULL;
+    if (ids_of(&ib, &v) < 0) goto done;
+    Py_ssize_t n = ib.shape ? ib.shape[0] : ib.len / ib.itemsize;
+    int64_t first = n ? id_at(&v, 0) : -1;
+    Py_ssize_t k = 1;
+    while (k < n && id_at(&v, k) == first) k++;
+    if (k >= n) {
+        out = PyLong_FromLongLong(first < 0 ? -1 : first);
+        goto done;
+    }
+    idx = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (!idx) goto done;
+    int32_t *dst = (int32_t *)PyBytes_AS_STRING(idx);
+    Py_ssize_t nulls = 0;
+    for (k = 0; k < n; k++) {
+        int64_t id = id_at(&v, k);
+        if (id >= ((int64_t)1 << 31) - 1) {
+            PyErr_SetString(PyExc_ValueError, "arrowipc: a dictionary of 2**31 strings or more");
+            goto done;
+        }
+        nulls += id < 0;
+        dst[k] = id < 0 ? 0 : (int32_t)(id + 1);
+    }
+    if (nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) goto done;
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((dst[k] != 0) << (k & 7));
+    }
+    out = Py_BuildValue("(nOO)", nulls, bitmap ? bitmap : Py_None, idx);
+done:
+    PyBuffer_Release(&ib);
+    Py_XDECREF(idx);
+    Py_XDECREF(bitmap);
+    return out;
+}
+
 /* arg_keys(sets) -> the writer's cache keys for the args column (pprobe.writer._args): for
    each set of (name, value) pairs, (set, k_1, ..., k_n) where k_i is the bits of value i
    when it is a float and its type otherwise. Equal sets can have different texts (1.0 ==
@@ -4572,18 +4619,27 @@ static int64_t fb_field(FB *b, PyObject *name, const char *tp) {
     } else if (!strcmp(tp, "float64")) {
         FBField f[1] = {{0, 2, 2 /* DOUBLE */}};
         t_type = 3, t = fb_table(b, f, 1);
-    } else if (!strcmp(tp, "utf8") || !strcmp(tp, "bool") || !strcmp(tp, "list<int64>")) {
-        t_type = tp[0] == 'u' ? 5 : tp[0] == 'b' ? 6 : 12;
+    } else if (!strcmp(tp, "utf8") || !strcmp(tp, "bool") || !strcmp(tp, "list<int64>") ||
+               !strcmp(tp, "dict<utf8>")) {
+        t_type = tp[0] == 'u' || tp[0] == 'd' ? 5 : tp[0] == 'b' ? 6 : 12;
         t = fb_table(b, NULL, 0);
     } else {
         PyErr_Format(PyExc_ValueError, "arrowipc: no encoding for type '%s'", tp);
         b->oom = 1;
         return -1;
     }
+    int64_t dict = -1;
+    if (tp[0] == 'd') { /* DictionaryEncoding: id 0 (arrowipc.DICT_ID), indexType Int(32, signed) */
+        FBField fi[2] = {{0, 4, 32}, {1, 1, 1}};
+        int64_t index = fb_table(b, fi, 2);
+        FBField fd[2] = {{0, 8, 0}, {1, 0, index}};
+        dict = fb_table(b, fd, 2);
+    }
     int64_t kv = fb_offsets(b, kids, nk);
     int64_t nm = fb_pystring(b, name);
-    FBField f[5] = {{0, 0, nm}, {1, 1, 1}, {2, 1, t_type}, {3, 0, t}, {5, 0, kv}};
-    return fb_table(b, f, 5);
+    FBField f[6] = {{0, 0, nm}, {1, 1, 1}, {2, 1, t_type}, {3, 0, t}, {4, 0, dict}, {5, 0, kv}};
+    if (dict < 0) f[4] = f[5];
+    return fb_table(b, f, dict < 0 ? 5 : 6);
 }
 
 /* ipc_schema_message(fields, metadata) -> bytes: arrowipc.schema_message */
@@ -4759,12 +4815,16 @@ static PyObject *stack_pop(PyObject *stack) {
     return c;
 }
 
-/* ipc_batch_message(num_rows, columns, Const) -> [metadata, body pieces...]:
- * arrowipc.batch_message (its docstring says what it writes) */
+/* ipc_batch_message(num_rows, columns, Const[, dict_id, delta]) -> [metadata, body pieces...]:
+ * arrowipc.batch_message (its docstring says what it writes); with dict_id >= 0, a
+ * DictionaryBatch message around the batch (arrowipc.py_batch_message's twin) */
 static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
     Py_ssize_t num_rows;
     PyObject *columns, *const_type;
-    if (!PyArg_ParseTuple(args, "nO!O", &num_rows, &PyList_Type, &columns, &const_type))
+    long long dict_id = -1;
+    int delta = 0;
+    if (!PyArg_ParseTuple(args, "nO!O|Lp", &num_rows, &PyList_Type, &columns, &const_type,
+                          &dict_id, &delta))
         return NULL;
     if (!s_length) {
         if (!(s_length = PyUnicode_InternFromString("length")) ||
@@ -4978,8 +5038,13 @@ static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
         f[3].value = fb_table(&b, cf, 2);
     }
     int64_t rb = fb_table(&b, f, compress ? 4 : 3);
+    int header_type = 3; /* RecordBatch */
+    if (dict_id >= 0) { /* DictionaryBatch: id, data, isDelta */
+        FBField df[3] = {{0, 8, dict_id}, {1, 0, rb}, {2, 1, delta}};
+        rb = fb_table(&b, df, 3), header_type = 2;
+    }
     if (b.oom) goto done;
-    PyObject *msg = fb_message(&b, 3 /* RecordBatch */, rb, pos);
+    PyObject *msg = fb_message(&b, header_type, rb, pos);
     if (!msg) goto done;
     PyList_SET_ITEM(out, 0, msg);
     result = Py_NewRef(out);
@@ -5132,11 +5197,15 @@ static PyMethodDef methods[] = {
     {"ipc_schema_message", ipc_schema_message, METH_VARARGS,
      "ipc_schema_message(fields, metadata) -> bytes: arrowipc.schema_message's twin"},
     {"ipc_batch_message", ipc_batch_message, METH_VARARGS,
-     "ipc_batch_message(num_rows, columns, Const) -> [metadata, body...]: arrowipc.batch_message's twin"},
+     "ipc_batch_message(num_rows, columns, Const[, dict_id, delta]) -> [metadata, body...]: "
+     "arrowipc.batch_message's twin (with dict_id: a DictionaryBatch)"},
     {"ipc_lz4_periodic", ipc_lz4_periodic, METH_VARARGS,
      "ipc_lz4_periodic(pattern, size) -> bytes: arrowipc.lz4_periodic's twin"},
     {"ipc_writev", ipc_writev, METH_VARARGS,
      "ipc_writev(fd, pieces): safefs.write_all_v's twin (the GIL released while writing)"},
+    {"dict_indices", dict_indices, METH_O,
+     "dict_indices(ids) -> the one id of every row, or (nulls, bitmap or None, int32 indices): "
+     "arrowipc.dict_indices's twin"},
     {"utf8_column", (PyCFunction)(void (*)(void))utf8_column, METH_FASTCALL,
      "utf8_column(items, ids=None, one=False) -> (nulls, bitmap or None, offsets, data), or "
      "the one id of every row (with one)"},

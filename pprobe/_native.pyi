@@ -116,10 +116,16 @@ def arg_texts(
 def shape_lists(
     records: Any, size: int, ndim_at: int, dims_at: int
 ) -> tuple[bytes, bytes] | None: ...
+def dict_indices(ids: Any, /) -> int | tuple[int, bytes | None, bytes]:
+    """pprobe.arrowipc.dict_indices's twin: the one id of every row (-1: all null), or
+    (null count, validity bitmap or None, int32 indices ids + 1)."""
+
 def ipc_schema_message(fields: Any, metadata: dict[str, str], /) -> bytes:
     """pprobe.arrowipc.py_schema_message's twin: the same bytes."""
 
-def ipc_batch_message(num_rows: int, columns: list[Any], const_type: type, /) -> list[Any]:
+def ipc_batch_message(
+    num_rows: int, columns: list[Any], const_type: type, dict_id: int = ..., delta: bool = ..., /
+) -> list[Any]:
     """pprobe.arrowipc.py_batch_message's twin: [metadata, body pieces...], the same bytes
     once joined."""
 

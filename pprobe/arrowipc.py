@@ -34,11 +34,15 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-#: The types this encoder writes (pprobe.logschema names them the same way).
-UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64 = (
-    "utf8", "int32", "int64", "float64", "bool", "list<int64>",
+#: The types this encoder writes (pprobe.logschema names them the same way). ``dict<utf8>`` is
+#: a utf8 field dictionary-encoded with int32 indices: every such field of a stream shares
+#: one dictionary (:data:`DICT_ID`), the strings of :class:`Batch`'s ``dictionary``.
+UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64, DICT_UTF8 = (
+    "utf8", "int32", "int64", "float64", "bool", "list<int64>", "dict<utf8>",
 )  # fmt: skip
-TYPES = (UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64)
+TYPES = (UTF8, INT32, INT64, FLOAT64, BOOL, LIST_INT64, DICT_UTF8)
+#: The id of a stream's one dictionary (Schema.fbs DictionaryEncoding.id).
+DICT_ID = 0
 
 CONTINUATION = b"\xff\xff\xff\xff"
 #: The end-of-stream marker: a continuation and a metadata length of 0.
@@ -46,7 +50,7 @@ EOS = CONTINUATION + b"\x00\x00\x00\x00"
 
 # Message.fbs / Schema.fbs constants
 _V5 = 4  # MetadataVersion.V5
-_HEADER_SCHEMA, _HEADER_RECORD_BATCH = 1, 3  # union MessageHeader
+_HEADER_SCHEMA, _HEADER_DICTIONARY_BATCH, _HEADER_RECORD_BATCH = 1, 2, 3  # union MessageHeader
 _T_INT, _T_FLOAT, _T_UTF8, _T_BOOL, _T_LIST = 2, 3, 5, 6, 12  # union Type
 _DOUBLE = 2  # Precision.DOUBLE
 
@@ -140,7 +144,7 @@ def _field(b: _Builder, name: str, tp: str) -> int:
         t_type, t = _T_INT, b.table([(0, "i", 32 if tp == INT32 else 64), (1, "?", True)])
     elif tp == FLOAT64:
         t_type, t = _T_FLOAT, b.table([(0, "h", _DOUBLE)])
-    elif tp == UTF8:
+    elif tp in (UTF8, DICT_UTF8):
         t_type, t = _T_UTF8, b.table([])
     elif tp == BOOL:
         t_type, t = _T_BOOL, b.table([])
@@ -148,10 +152,13 @@ def _field(b: _Builder, name: str, tp: str) -> int:
         t_type, t = _T_LIST, b.table([])
     else:
         raise ValueError(f"arrowipc: no encoding for type {tp!r}")
+    fields = [(2, "B", t_type), (3, "off", t)]
+    if tp == DICT_UTF8:  # DictionaryEncoding: id, indexType Int(32, signed); not ordered
+        index = b.table([(0, "i", 32), (1, "?", True)])
+        fields.append((4, "off", b.table([(0, "q", DICT_ID), (1, "off", index)])))
     kids = b.offsets(children)
     nm = b.string(name)
-    return b.table([(0, "off", nm), (1, "?", True), (2, "B", t_type), (3, "off", t),
-                    (5, "off", kids)])  # fmt: skip
+    return b.table([(0, "off", nm), (1, "?", True), *fields, (5, "off", kids)])
 
 
 def _native() -> Any:
@@ -238,6 +245,8 @@ def _zeros(size: int) -> Const:
 def nulls(np: Any, tp: str, n: int) -> Column:
     """n nulls of type ``tp``: zeroed buffers of the right sizes (:class:`Const`)."""
     bitmap = _zeros((n + 7) // 8)
+    if tp == DICT_UTF8:  # the indices' layout
+        tp = INT32
     if tp == UTF8:
         return Column(n, n, [bitmap, _zeros(4 * (n + 1)), b""])
     if tp == LIST_INT64:
@@ -324,6 +333,37 @@ def texts(np: Any, vals: list) -> Column:
     return strings(np, offsets, data, valid)
 
 
+def dict_indices(np: Any, ids: Any) -> Column:
+    """A ``dict<utf8>`` column: the int32 indices ``ids + 1`` into the stream's dictionary
+    (:class:`Batch`'s ``dictionary``, whose entry 0 is the empty string that null rows point
+    to), null where an id is -1. One index in every row (an op, a status, a thread) is a
+    :class:`Const`: a few bytes of LZ4 a batch instead of 4 bytes a row."""
+    n = len(ids)
+    if not n:
+        return Column(0, 0, [None, b""])
+    native = _native()
+    if native is not None:  # one pass in C (the same buffers)
+        got = native.dict_indices(ids)
+        if got.__class__ is int:
+            if got < 0:
+                return nulls(np, INT32, n)
+            return Column(n, 0, [None, Const(struct.pack("<i", got + 1), 4 * n)])
+        k, bitmap, idx = got
+        return Column(n, k, [bitmap, idx])
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo == hi:
+        if lo < 0:
+            return nulls(np, INT32, n)
+        return Column(n, 0, [None, Const(struct.pack("<i", lo + 1), 4 * n)])
+    if hi + 1 >= 1 << 31:
+        raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
+    idx = np.add(ids, 1, dtype=np.int32, casting="unsafe")
+    if lo >= 0:
+        return Column(n, 0, [None, idx])
+    k, bitmap = _validity(np, ids >= 0)
+    return Column(n, k, [bitmap, idx])
+
+
 def int64_lists(np: Any, offsets: Any, values: Any) -> Column:
     """A list<int64> column (no null list) from int32 offsets (n + 1) and its values."""
     values = np.ascontiguousarray(values, dtype=np.int64)
@@ -333,16 +373,51 @@ def int64_lists(np: Any, offsets: Any, values: Any) -> Column:
 
 # ---------------------------------------------------------------------- batches
 class Batch:
-    """A record batch: ``n`` rows of ``columns`` in the schema ``fields`` (name, type)."""
+    """A record batch: ``n`` rows of ``columns`` in the schema ``fields`` (name, type).
 
-    __slots__ = ("fields", "num_rows", "columns")
+    ``dictionary``: the UTF-8 strings (a list of ``bytes``, entry 0 ``b""``) that the
+    batch's ``dict<utf8>`` columns index; it only grows from one batch of a stream to the
+    next (:class:`StreamWriter` writes the new entries as a delta before the batch)."""
 
-    def __init__(self, fields: Sequence[tuple[str, str]], n: int, columns: list[Column]):
+    __slots__ = ("fields", "num_rows", "columns", "dictionary")
+
+    def __init__(
+        self,
+        fields: Sequence[tuple[str, str]],
+        n: int,
+        columns: list[Column],
+        dictionary: Sequence[bytes] | None = None,
+    ):
         if len(columns) != len(fields):
             raise ValueError(f"arrowipc: {len(columns)} columns for {len(fields)} fields")
+        if dictionary is None and any(tp == DICT_UTF8 for _, tp in fields):
+            raise ValueError("arrowipc: dict<utf8> columns without a dictionary")
         self.fields = fields
         self.num_rows = n
         self.columns = columns
+        self.dictionary = dictionary
+
+
+def bytes_column(np: Any, items: Sequence[bytes]) -> Column:
+    """A utf8 column (no null) of UTF-8 ``bytes`` items: a dictionary's strings."""
+    n = len(items)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, items), dtype=np.int64, count=n), out=offsets[1:])
+    if offsets[-1] >= 1 << 31:
+        raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
+    return Column(n, 0, [None, offsets.astype(np.int32), b"".join(items)])
+
+
+def dictionary_message(items: Sequence[bytes], start: int) -> list:
+    """The DictionaryBatch message of the stream's dictionary entries ``items[start:]``: the
+    whole dictionary (``start`` 0), or a delta appended to what the stream has."""
+    import numpy as np
+
+    col = bytes_column(np, items[start:])
+    native = _native()
+    if native is not None:
+        return native.ipc_batch_message(col.length, [col], Const, DICT_ID, start > 0)  # type: ignore[no-any-return]
+    return py_batch_message(Batch((("", UTF8),), col.length, [col]), DICT_ID, start > 0)
 
 
 def _nbytes(buf: Any) -> int:
@@ -432,8 +507,9 @@ def batch_message(batch: Batch) -> list:
     return py_batch_message(batch)
 
 
-def py_batch_message(batch: Batch) -> list:
-    """:func:`batch_message` in Python.
+def py_batch_message(batch: Batch, dict_id: int | None = None, delta: bool = False) -> list:
+    """:func:`batch_message` in Python; with ``dict_id``, the batch is a dictionary's values
+    (a DictionaryBatch message around it; ``delta``: appended to the dictionary).
 
     A batch with a :class:`Const` buffer is written with Arrow's body compression (LZ4_FRAME,
     per buffer): each buffer is its uncompressed length (int64) and an LZ4 frame that
@@ -492,6 +568,9 @@ def py_batch_message(batch: Batch) -> list:
     if compress:  # BodyCompression: codec LZ4_FRAME (0), method BUFFER (0): the defaults
         fields.append((3, "off", b.table([(0, "B", 0), (1, "B", 0)])))
     rb = b.table(fields)
+    if dict_id is not None:  # DictionaryBatch: id, data, isDelta
+        db = b.table([(0, "q", dict_id), (1, "off", rb), (2, "?", delta)])
+        return [_message(b, _HEADER_DICTIONARY_BATCH, db, pos), *body]
     return [_message(b, _HEADER_RECORD_BATCH, rb, pos), *body]
 
 
@@ -506,6 +585,8 @@ class StreamWriter:
     def __init__(self, fd: int, fields: Sequence[tuple[str, str]], metadata: dict[str, str]):
         self.fd = fd
         self.fields = tuple(fields)
+        self.has_dict = DICT_UTF8 in (tp for _, tp in self.fields)
+        self.dict_sent = 0  # the dictionary entries the stream has
         self._write(schema_message(self.fields, metadata))
 
     def _write(self, data: bytes) -> None:
@@ -517,6 +598,10 @@ class StreamWriter:
         if tuple(batch.fields) != self.fields:
             raise ValueError("arrowipc: a batch of another schema than the stream's")
         pieces = batch_message(batch)  # the buffers as they are: no joined copy
+        if self.has_dict:  # the new strings first, in the same writev
+            d = batch.dictionary or ()
+            if len(d) > self.dict_sent:
+                pieces = dictionary_message(d, self.dict_sent) + pieces
         native = _native()
         if native is not None:
             native.ipc_writev(self.fd, pieces)  # (the GIL released while it writes)
@@ -524,6 +609,8 @@ class StreamWriter:
             from .safefs import write_all_v
 
             write_all_v(self.fd, pieces)
+        if self.has_dict and batch.dictionary:
+            self.dict_sent = len(batch.dictionary)
 
     def close(self) -> None:
         """The end-of-stream marker, then the file closed."""
@@ -545,8 +632,11 @@ class StreamWriter:
 
 # ---------------------------------------------------------------------- pyarrow
 def pa_type(pa: Any, tp: str) -> Any:
+    """The pyarrow type of a column of type ``tp`` once converted (:func:`to_pyarrow`): a
+    ``dict<utf8>`` column becomes plain strings."""
     return {
         UTF8: pa.string(),
+        DICT_UTF8: pa.string(),
         INT32: pa.int32(),
         INT64: pa.int64(),
         FLOAT64: pa.float64(),
@@ -571,9 +661,30 @@ def _pa_array(pa: Any, tp: Any, c: Column) -> Any:
 
 
 def to_pyarrow(batch: Batch, metadata: dict[str, str] | None = None) -> Any:
-    """The batch as a ``pyarrow.RecordBatch`` made from the same buffers (no copy)."""
+    """The batch as a ``pyarrow.RecordBatch`` made from the same buffers (no copy), its
+    ``dict<utf8>`` columns as plain strings taken from the batch's dictionary."""
     import pyarrow as pa
 
     sch = pa_schema(pa, batch.fields, metadata)
-    arrays = [_pa_array(pa, f.type, c) for f, c in zip(sch, batch.columns)]
+    arrays = []
+    for (_, tp), f, c in zip(batch.fields, sch, batch.columns):
+        if tp == DICT_UTF8:
+            c = _decoded(c, batch.dictionary or [b""])
+        arrays.append(_pa_array(pa, f.type, c))
     return pa.RecordBatch.from_arrays(arrays, schema=sch)
+
+
+def _decoded(c: Column, items: Sequence[bytes]) -> Column:
+    """A ``dict<utf8>`` column as a plain utf8 column of the same rows (NumPy and
+    ``bytes.join``: no pyarrow compute kernel, which may be loaded at the program's exit)."""
+    import numpy as np
+
+    bitmap, idx = c.buffers
+    idx = np.frombuffer(bytes(idx) if idx.__class__ is Const else idx, dtype=np.int32)
+    lens = np.fromiter(map(len, items), dtype=np.int64, count=len(items))[idx]
+    offsets = np.zeros(c.length + 1, dtype=np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    if offsets[-1] >= 1 << 31:
+        raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
+    data = b"".join(list(map(items.__getitem__, idx.tolist())))
+    return Column(c.length, c.null_count, [bitmap, offsets.astype(np.int32), data])

@@ -8,6 +8,10 @@ that path; :mod:`pprobe.schema` holds the same schemas as pyarrow objects for th
 
 from __future__ import annotations
 
+#: A string column of few distinct values (names, call sites, dtypes): written as int32
+#: indices into the stream's one dictionary (pprobe.arrowipc); readers see strings.
+DICT = "dict<utf8>"
+
 SCHEMA_VERSION = "3"  # 2: tensors.dump_codec, dump_max_abs_error, dump_bytes; 3: stacks
 
 OPS: tuple[tuple[str, str], ...] = (
@@ -17,18 +21,18 @@ OPS: tuple[tuple[str, str], ...] = (
     ("rank", "int32"),
     ("world_size", "int32"),
     ("seq", "int64"),
-    ("thread", "utf8"),
+    ("thread", DICT),
     ("ts_ns", "int64"),
     ("dur_ns", "int64"),
-    ("framework", "utf8"),
-    ("op", "utf8"),
-    ("kind", "utf8"),
-    ("ufunc", "utf8"),
-    ("status", "utf8"),
-    ("caller", "utf8"),
-    ("caller_function", "utf8"),
-    ("module_path", "utf8"),
-    ("phase", "utf8"),
+    ("framework", DICT),
+    ("op", DICT),
+    ("kind", DICT),
+    ("ufunc", DICT),
+    ("status", DICT),
+    ("caller", DICT),
+    ("caller_function", DICT),
+    ("module_path", DICT),
+    ("phase", DICT),
     ("step", "int64"),
     ("depth", "int32"),
     ("parent", "int64"),
@@ -40,11 +44,11 @@ TENSORS: tuple[tuple[str, str], ...] = (
     ("run_id", "utf8"),
     ("pid", "int64"),
     ("seq", "int64"),
-    ("role", "utf8"),
-    ("idx", "utf8"),
+    ("role", DICT),
+    ("idx", DICT),
     ("shape", "list<int64>"),
-    ("dtype", "utf8"),
-    ("device", "utf8"),
+    ("dtype", DICT),
+    ("device", DICT),
     ("requires_grad", "bool"),
     ("min", "float64"),
     ("max", "float64"),
@@ -64,8 +68,8 @@ STACKS: tuple[tuple[str, str], ...] = (
     ("pid", "int64"),
     ("stack_id", "int64"),
     ("level", "int32"),
-    ("caller", "utf8"),
-    ("caller_function", "utf8"),
+    ("caller", DICT),
+    ("caller_function", DICT),
 )
 
 TABLES = {"ops": OPS, "tensors": TENSORS, "stacks": STACKS}

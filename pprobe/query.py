@@ -123,26 +123,29 @@ def _cut_short(f: pa.NativeFile, pos: int, size: int) -> bool:
     else that cannot be read there is damage."""
     import pyarrow as pa
 
-    left = size - pos
-    if left < 8:
-        return True
-    head = f.read_at(8, pos)
-    cont, length = (
-        int.from_bytes(head[:4], "little"),
-        int.from_bytes(head[4:], "little", signed=True),
-    )
-    if cont != 0xFFFFFFFF or length < 0:
-        return False
-    if length == 0 or 8 + length > left:
-        return True
-    try:
-        f.seek(pos)
-        pa.ipc.MessageReader.open_stream(f).read_next_message()
-    except StopIteration:
-        return True
-    except (OSError, pa.ArrowException) as e:
-        return isinstance(e, OSError) and "for message body" in str(e)
-    return False  # a whole message that could not be decoded
+    while True:  # whole dictionary messages (written with the batch after them) skipped
+        left = size - pos
+        if left < 8:
+            return True
+        head = f.read_at(8, pos)
+        cont, length = (
+            int.from_bytes(head[:4], "little"),
+            int.from_bytes(head[4:], "little", signed=True),
+        )
+        if cont != 0xFFFFFFFF or length < 0:
+            return False
+        if length == 0 or 8 + length > left:
+            return True
+        try:
+            f.seek(pos)
+            msg = pa.ipc.MessageReader.open_stream(f).read_next_message()
+        except StopIteration:
+            return True
+        except (OSError, pa.ArrowException) as e:
+            return isinstance(e, OSError) and "for message body" in str(e)
+        if msg.type != "dictionary":
+            return False  # a whole message that could not be decoded
+        pos = f.tell()
 
 
 def _damaged(path: str, at: int, size: int, rows: int) -> None:
@@ -383,6 +386,8 @@ def _scan(path: str, start: int) -> tuple[list[int], int | None]:
                 return ends, None
             except (OSError, pa.ArrowException):
                 return ends, None if _cut_short(m, pos, m.size()) else pos
+            if msg.type == "dictionary":  # a delta of the strings the next batch uses
+                continue
             if msg.type != "record batch":
                 return ends, pos
             pos = m.tell()
@@ -413,6 +418,41 @@ def _whole(
             return
         end = f.tell()
         yield b, end
+
+
+def _dict_range(
+    path: str, sch: pa.Schema, start: int, end: int, damage: list[int]
+) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """:func:`_range` for a shard with dictionary-encoded columns: its batches in bytes
+    [start, end) read as a stream of the schema message, every dictionary message before
+    ``start`` (found from the messages' headers, the bodies of the batches between left
+    unread) and the bytes of the range."""
+    import pyarrow as pa
+
+    with pa.memory_map(path) as m:
+        reader = pa.ipc.MessageReader.open_stream(m)
+        prefix = [reader.read_next_message().serialize()]  # the schema
+        while m.tell() < start:
+            msg = reader.read_next_message()
+            if msg.type == "dictionary":
+                prefix.append(msg.serialize())
+        if m.tell() != start:
+            damage.append(start)
+            return
+        head = sum(len(p) for p in prefix)
+        buf = pa.BufferReader(pa.py_buffer(b"".join([*prefix, m.read_at(end - start, start)])))
+    pos = start
+    try:
+        stream = pa.ipc.open_stream(buf)
+        while pos < end:
+            try:
+                batch = _checked(stream.read_next_batch(), sch)
+            except StopIteration:
+                return
+            pos = buf.tell() - head + start
+            yield batch, pos
+    except (*_BAD, pa.ArrowException):
+        damage.append(pos)
 
 
 def _range(
@@ -553,6 +593,8 @@ def _run_job(job: _Job) -> Part | None:
             damage: list[int] = []
             if job.end is None:
                 it = _whole(f, job.sch, damage)
+            elif any(pa.types.is_dictionary(t.type) for t in job.src):
+                it = _dict_range(job.path, job.sch, job.start, job.end, damage)
             else:
                 it = _range(f, job.src, job.sch, job.start, job.end, damage)
             for b, end in it:  # noqa: B007 (the last end is the part's)
@@ -598,9 +640,6 @@ def _plan(path: str, sch: pa.Schema, cache_dir: str, listed: list[Part], rebuild
             plan.damage = None if _cut_short(f, 0, st.st_size) else 0
             return plan
         src, first = head
-        if any(pa.types.is_dictionary(t.type) for t in src):  # not readable from the middle
-            plan.jobs = [_Job(path, cache_dir, sch, src, first, None, [], st)]
-            return plan
         old = [] if rebuild else _chain(listed)
         if not (
             old

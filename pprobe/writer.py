@@ -285,8 +285,9 @@ class Writer:
         """Records (pprobe.records) -> (ops, tensors) record batches (arrowipc.Batch), column
         by column, with NumPy only.
 
-        Fixed fields go from the record buffers to Arrow's layout through NumPy views; texts
-        are ids into records.strings, gathered in bulk (:class:`_Strings`). Only the rare
+        Fixed fields go from the record buffers to Arrow's layout through NumPy views; names
+        are ids into records.strings, written as dictionary indices (arrowipc.dict_indices:
+        the shard's dictionary is :class:`_Strings`' items). Only the rare
         per-call objects (args, dump paths, notes, deep shapes) are looked at one by one.
         Nothing here builds a list of Python ints per row (NumPy's tests count small-int
         references) or imports a module the program did not import (pyarrow among them)."""
@@ -318,7 +319,7 @@ class Writer:
         parent = ops["parent"]
         args = self._args(np, ops["args"], objs)
         strs.refresh()
-        gather = strs.gather
+        index = A.dict_indices
         ops_cols = [
             A.repeat(np, self.run_id, n),
             A.repeat(np, self.host, n),
@@ -326,25 +327,25 @@ class Writer:
             A.const_ints(np, state.rank, A.INT32, n),
             A.const_ints(np, state.world_size, A.INT32, n),
             A.ints(np, seq, A.INT64),
-            gather(thread_sids[thr_inv.reshape(-1)]),
+            index(np, thread_sids[thr_inv.reshape(-1)]),
             A.ints(np, t0 + self.epoch0, A.INT64),
             A.ints(np, ops["t1"] - t0, A.INT64),
-            gather(op_ids[0][op_index]),
-            gather(op_ids[1][op_index]),
-            gather(op_ids[2][op_index]),
-            gather(op_ids[3][op_index]),
-            gather(ops["status"]),
-            gather(np.where(has_site, site_ids[0][site_safe], -1)),
-            gather(np.where(has_site, site_ids[1][site_safe], -1)),
-            gather(ops["module"]),
-            gather(ops["phase"]),
+            index(np, op_ids[0][op_index]),
+            index(np, op_ids[1][op_index]),
+            index(np, op_ids[2][op_index]),
+            index(np, op_ids[3][op_index]),
+            index(np, ops["status"]),
+            index(np, np.where(has_site, site_ids[0][site_safe], -1)),
+            index(np, np.where(has_site, site_ids[1][site_safe], -1)),
+            index(np, ops["module"]),
+            index(np, ops["phase"]),
             A.ints(np, ops["step"], A.INT64),
             A.ints(np, ops["depth"], A.INT32),
             A.ints(np, parent, A.INT64, parent >= 0),
             args,
             A.ints(np, stack, A.INT64, has_site),
         ]
-        ops_batch = A.Batch(logschema.OPS, n, ops_cols)
+        ops_batch = A.Batch(logschema.OPS, n, ops_cols, strs.items)
         ds = np.frombuffer(descs, dtype=desc_dt)
         m = len(ds)
         stats_kind = ds["stats"]
@@ -408,18 +409,18 @@ class Writer:
             A.repeat(np, self.run_id, m),
             A.const_ints(np, self.pid, A.INT64, m),
             A.ints(np, ds["seq"], A.INT64),
-            gather(ds["role"]),
-            gather(ds["idx"]),
+            index(np, ds["role"]),
+            index(np, ds["idx"]),
             _shapes(np, A, ds, objs),
-            gather(ds["dtype"]),
-            gather(ds["device"]),
+            index(np, ds["dtype"]),
+            index(np, ds["device"]),
             A.bools(np, grad == 1, grad >= 0),
             *stat_cols,
             _str_column(np, paths),
             _str_column(np, notes),
             *codec_cols,
         ]
-        return ops_batch, A.Batch(logschema.TENSORS, m, t_cols)
+        return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
 
     def _codec_columns(
         self, np: Any, A: Any, dumper: Any, paths: list, with_path: list, has_path: Any, m: int
@@ -571,10 +572,10 @@ class Writer:
             A.const_ints(np, self.pid, A.INT64, m),
             A.ints(np, ids, A.INT64),
             A.ints(np, levels, A.INT32),
-            self._strings.gather(np.where(ok, site_ids[0][safe], -1)),
-            self._strings.gather(np.where(ok, site_ids[1][safe], -1)),
+            A.dict_indices(np, np.where(ok, site_ids[0][safe], -1)),
+            A.dict_indices(np, np.where(ok, site_ids[1][safe], -1)),
         ]
-        return A.Batch(logschema.STACKS, m, cols)
+        return A.Batch(logschema.STACKS, m, cols, self._strings.items)
 
     def _op_table(self, np: Any, op_index: Any) -> tuple:
         """(framework, op, kind, ufunc) string ids per op index, named for the ops that appear

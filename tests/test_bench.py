@@ -189,7 +189,7 @@ def test_writer_parts_reports_each_part_of_the_writer(
     assert set(parts) == set(writer_parts.PARTS), parts  # each helper ran, and was metered
     assert parts["flush"] > 0 and parts["to_batches"] > 0 and parts["write"] > 0, parts
     assert parts["flush"] >= max(v for k, v in parts.items() if k != "flush")
-    assert parts["to_batches"] >= parts["gather"] + parts["shapes"] + parts["args"]
+    assert parts["to_batches"] >= parts["strings"] + parts["shapes"] + parts["args"]
 
 
 def test_the_disks_bandwidth_is_the_device_s_not_the_page_cache_s() -> None:

@@ -34,10 +34,20 @@ def _texts_and_values(rng: random.Random, n: int) -> list:
     return [rng.choice(pool) for _ in range(n)]
 
 
+#: The dictionary of the test batches' dict<utf8> columns: entry 0 is b"" (null rows).
+_POOL = ["", "a", "ok", "h\u00e9llo", "\u65e5\u672c\u8a9e", "x" * 300, "\U0001f600 emoji",
+         "nul\x00inside"]  # fmt: skip
+_DICT = [b"", *(t.encode() for t in _POOL)]
+
+
 def _column(rng: random.Random, tp: str, n: int) -> tuple[A.Column, pa.Array]:
     """A column made with arrowipc's constructors and the same values as a pyarrow array
     built from Python objects (an independent reference)."""
     valid = np.array([rng.random() < 0.7 for _ in range(n)], dtype=bool)
+    if tp == A.DICT_UTF8:  # string ids (-1: null) into _POOL
+        ids = [rng.randint(-1, len(_POOL) - 1) for _ in range(n)]
+        ref = [None if i < 0 else _POOL[i] for i in ids]
+        return A.dict_indices(np, np.array(ids, dtype=np.int64)), pa.array(ref, pa.string())
     if tp == A.UTF8:
         vals = _texts_and_values(rng, n)
         return A.texts(np, vals), pa.array(vals, pa.string())
@@ -64,22 +74,48 @@ def _column(rng: random.Random, tp: str, n: int) -> tuple[A.Column, pa.Array]:
 def _batch(rng: random.Random, fields: tuple, n: int) -> tuple[A.Batch, pa.RecordBatch]:
     made = [_column(rng, tp, n) for _, tp in fields]
     ref = pa.RecordBatch.from_arrays([r for _, r in made], schema=A.pa_schema(pa, fields))
-    return A.Batch(fields, n, [c for c, _ in made]), ref
+    return A.Batch(fields, n, [c for c, _ in made], _DICT), ref
+
+
+def _messages(fields: tuple, batches: list[A.Batch]) -> list[bytes]:
+    """Each batch's bytes as A.StreamWriter writes them: the dictionary's new entries (a
+    DictionaryBatch message) first where the schema has dict<utf8> fields."""
+    sent, out = 0, []
+    for b in batches:
+        msg = b""
+        if A.DICT_UTF8 in (tp for _, tp in fields) and len(b.dictionary or ()) > sent:
+            msg = b"".join(A.dictionary_message(b.dictionary, sent))
+            sent = len(b.dictionary)
+        out.append(msg + b"".join(A.batch_message(b)))
+    return out
 
 
 def _stream(fields: tuple, batches: list[A.Batch], eos: bool = True) -> bytes:
-    out = A.schema_message(fields, META)
-    for b in batches:
-        out += b"".join(A.batch_message(b))
+    out = A.schema_message(fields, META) + b"".join(_messages(fields, batches))
     return out + (A.EOS if eos else b"")
 
 
+def _plain_schema(sch: pa.Schema) -> pa.Schema:
+    """The schema with its dictionary-encoded strings as plain strings (what readers see)."""
+    return pa.schema(
+        [pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
+         for f in sch],
+        metadata=sch.metadata,
+    )  # fmt: skip
+
+
+def _plain(b: pa.RecordBatch) -> pa.RecordBatch:
+    cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in b.columns]
+    return pa.RecordBatch.from_arrays(cols, schema=_plain_schema(b.schema))
+
+
 def _read(data: bytes) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """The stream's schema and batches, validated, dictionary columns decoded."""
     r = pa.ipc.open_stream(io.BytesIO(data))
     got = list(r)
     for b in got:
         b.validate(full=True)
-    return r.schema, got
+    return _plain_schema(r.schema), [_plain(b) for b in got]
 
 
 # ---------------------------------------------------------------------- unit
@@ -121,7 +157,7 @@ def test_all_null_and_constant_columns() -> None:
     n = 13
     fields = tuple((tp, tp) for tp in A.TYPES)
     cols = [A.nulls(np, tp, n) for tp in A.TYPES]
-    _, (got,) = _read(_stream(fields, [A.Batch(fields, n, cols)]))
+    _, (got,) = _read(_stream(fields, [A.Batch(fields, n, cols, _DICT)]))
     assert all(c.null_count == n for c in got.columns)
     assert got.column(0).to_pylist() == [None] * n
     one = (("s", A.UTF8),)
@@ -249,7 +285,7 @@ def test_a_stream_cut_anywhere_reads_up_to_its_last_complete_batch(tmp_path: Pat
     fields = logschema.OPS
     ours = [_batch(rng, fields, n) for n in (3, 0, 40)]
     head = A.schema_message(fields, META)
-    msgs = [b"".join(A.batch_message(b)) for b, _ in ours]
+    msgs = _messages(fields, [b for b, _ in ours])
     ends = [len(head)]
     for m in msgs:
         ends.append(ends[-1] + len(m))
@@ -349,7 +385,13 @@ def _rows_ipc(run_dir: Path, table: str) -> tuple[list[dict], dict]:
     for path in sorted((run_dir / "log").glob(f"{table}-*.arrows")):
         with pa.ipc.open_stream(pa.OSFile(str(path))) as r:
             meta = {k.decode(): v.decode() for k, v in (r.schema.metadata or {}).items()}
-            assert r.schema.remove_metadata() == schema.TABLES[table]
+            assert _plain_schema(r.schema).remove_metadata() == schema.TABLES[table]
+            dict_fields = [f.name for f in r.schema if pa.types.is_dictionary(f.type)]
+            # pprobe's writer: the fields logschema says; pyarrow's: none
+            assert dict_fields in (
+                [],
+                [n for n, tp in logschema.TABLES[table] if tp == A.DICT_UTF8],
+            )
             for b in r:
                 b.validate(full=True)
                 rows += b.to_pylist()
@@ -376,6 +418,10 @@ def test_both_writers_write_the_same_tables(tmp_path: Path, mode: str) -> None:
     r1, d1, m1 = _run(tmp_path, "own", "pprobe", mode, n_big)
     r2, d2, m2 = _run(tmp_path, "pa", "pyarrow", mode, n_big)
     assert (m1["core"]["log_writer"], m2["core"]["log_writer"]) == ("pprobe", "pyarrow")
+    for path in (d1 / "log").glob("*.arrows"):  # pprobe's shards: dictionary-encoded names
+        with pa.ipc.open_stream(pa.OSFile(str(path))) as r:
+            name = "role" if path.name.startswith("tensors") else "caller"
+            assert pa.types.is_dictionary(r.schema.field(name).type)
     assert m1["core"]["engine"] == m2["core"]["engine"]
     assert "PYARROW False" in r1.out
     for table in ("ops", "tensors", "stacks"):
@@ -508,7 +554,7 @@ def test_all_null_columns_share_one_region_of_the_body() -> None:
     cols = [A.nulls(np, A.FLOAT64, n) for _ in fields]
     msg = b"".join(A.batch_message(A.Batch(fields, n, cols)))
     assert len(msg) < 2 * 8 * n  # one zeroed region of 8n bytes, not eight
-    _, (got,) = _read(_stream(fields, [A.Batch(fields, n, cols)]))
+    _, (got,) = _read(_stream(fields, [A.Batch(fields, n, cols, _DICT)]))
     assert all(c.null_count == n for c in got.columns)
 
 
@@ -577,10 +623,23 @@ def test_native_batch_messages_are_the_python_encoders_bytes(seed: int) -> None:
             col = A.Column(n, 0, [None, np.zeros(n + 1, dtype=np.int32), shared])
         cols.append(col)
         fields.append((f"c{j}", tp))
-    batch = A.Batch(tuple(fields), n, cols)
+    batch = A.Batch(tuple(fields), n, cols, _DICT)
     want = _joined(A.py_batch_message(batch))
     assert _joined(nat.ipc_batch_message(n, cols, A.Const)) == want
-    sch, got = _read(A.py_schema_message(batch.fields, META) + want + A.EOS)
+    # the dictionary's messages: the whole of it, then a delta
+    start = rng.randint(1, len(_DICT) - 1)
+    for first, delta in ((0, False), (start, True)):
+        d = A.bytes_column(np, _DICT[first:])
+        py = _joined(A.py_batch_message(A.Batch((("", A.UTF8),), d.length, [d]), A.DICT_ID, delta))
+        assert _joined(nat.ipc_batch_message(d.length, [d], A.Const, A.DICT_ID, delta)) == py
+    dicts = b""
+    if A.DICT_UTF8 in (tp for _, tp in fields):
+        dicts = _joined(
+            A.py_batch_message(
+                A.Batch((("", A.UTF8),), len(_DICT), [A.bytes_column(np, _DICT)]), A.DICT_ID
+            )
+        )
+    sch, got = _read(A.py_schema_message(batch.fields, META) + dicts + want + A.EOS)
     assert got[0].num_rows == n
 
 
@@ -591,7 +650,8 @@ def test_native_lz4_frames_and_schemas_are_the_python_encoders_bytes() -> None:
         p = len(pattern)
         for size in (1, 11, p + 11, p + 12, p + 300, 65_536, 4 << 20, (4 << 20) + 7, 9_000_001):
             assert nat.ipc_lz4_periodic(pattern, size) == A.lz4_periodic(pattern, size)
-    mixed = (("a", A.UTF8), ("l", A.LIST_INT64), ("b", A.BOOL), ("i", A.INT32))
+    mixed = (("a", A.UTF8), ("l", A.LIST_INT64), ("b", A.BOOL), ("i", A.INT32),
+             ("d", A.DICT_UTF8))  # fmt: skip
     for fields in (logschema.OPS, logschema.TENSORS, logschema.STACKS, mixed):
         for md in (META, {}):
             assert nat.ipc_schema_message(tuple(fields), md) == A.py_schema_message(fields, md)
@@ -631,3 +691,42 @@ def test_native_batch_message_refuses_what_is_not_a_column() -> None:
             nat.ipc_batch_message(2, [good, bad], A.Const)
     with pytest.raises(TypeError):
         nat.ipc_batch_message(2, (good,), A.Const)  # a list of columns
+
+
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_dict_indices_of_every_kind_of_id_column(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """arrowipc.dict_indices (the native core's dict_indices, or its NumPy twin): ids + 1
+    as int32, null where an id is -1, one id in every row as a Const; on int32 and int64 ids,
+    strided as a field of the record buffer is."""
+    from pprobe import core
+
+    if engine == "native":
+        if _native_mod() is None:
+            pytest.skip("the native core is not built")
+        monkeypatch.setattr(core, "native", _native_mod())
+    else:
+        monkeypatch.setattr(core, "native", None)
+    rec = np.zeros(9, dtype=[("a", "<i4"), ("id", "<i8"), ("s", "<i4")])
+    cases = [np.array([3, -1, 0, 5, 5], dtype=np.int64), np.array([2, 2, 2], dtype=np.int32),
+             np.full(4, -1, dtype=np.int64), np.arange(-1, 700, dtype=np.int64)]  # fmt: skip
+    rec["id"] = [4, -1, 4, 0, 1, 2, -1, 3, 4]
+    rec["s"] = 7
+    cases += [rec["id"], rec["s"]]  # strided fields
+    for ids in cases:
+        col = A.dict_indices(np, ids)
+        n = len(ids)
+        assert col.length == n and col.null_count == int((ids < 0).sum())
+        bitmap, idx = col.buffers
+        got = np.frombuffer(bytes(idx), dtype=np.int32)
+        valid = ids >= 0
+        assert np.array_equal(got[valid], ids[valid] + 1)
+        assert isinstance(idx, A.Const) == bool((ids == ids[0]).all())
+        if col.null_count:
+            bits = np.unpackbits(np.frombuffer(bytes(bitmap), dtype=np.uint8), bitorder="little")
+            assert np.array_equal(bits[:n].astype(bool), valid)
+        else:
+            assert bitmap is None
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        A.dict_indices(np, np.array([0, 2**31 - 1], dtype=np.int64))

@@ -9,9 +9,12 @@ import io
 import json
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from helpers import PYTHON, REPO, run, run_script, sql
 
@@ -326,6 +329,104 @@ def test_a_growing_shard_is_converted_from_where_the_cache_ends(
     assert len(cached(run_dir, ALL_OPS)) == 430 and jobs == []
     jobs.clear()
     assert len(cached(run_dir, ALL_OPS)) == 430 and jobs == []
+
+
+class DictShard:
+    """An ops shard written as pprobe's own writer writes it (pprobe.arrowipc.StreamWriter):
+    the name columns dictionary-encoded, each batch after a delta of its new strings."""
+
+    def __init__(self, run_dir: Path, pid: int) -> None:
+        import os
+
+        from pprobe import arrowipc as A
+        from pprobe import logschema
+
+        self.path = run_dir / "log" / f"ops-host-{pid}.arrows"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        meta = {"pprobe.schema_version": logschema.SCHEMA_VERSION, "run_id": run_dir.name,
+                "pid": str(pid), "host": "host"}  # fmt: skip
+        self.w = A.StreamWriter(fd, logschema.OPS, meta)
+        self.pid, self.seq = pid, 0
+        self.strings = [b""]  # the dictionary: entry 0 for null rows
+
+    def sid(self, s: str) -> int:
+        b = s.encode()
+        if b not in self.strings:
+            self.strings.append(b)
+        return self.strings.index(b) - 1
+
+    def batch(self, n: int = 100) -> None:
+        from pprobe import arrowipc as A
+        from pprobe import logschema
+
+        seqs = np.arange(self.seq, self.seq + n)
+        self.seq += n
+        # call sites new in every batch (a delta), ops from a few, a column of nulls
+        caller = np.array([self.sid(f"prog.py:{s // 10}") for s in seqs])
+        op = np.array([self.sid(f"numpy.op{s % 5}") for s in seqs])
+        cols = []
+        for name, tp in logschema.OPS:
+            if name == "seq":
+                cols.append(A.ints(np, seqs, A.INT64))
+            elif name == "pid":
+                cols.append(A.const_ints(np, self.pid, A.INT64, n))
+            elif name == "caller":
+                cols.append(A.dict_indices(np, caller))
+            elif name in ("op", "caller_function"):
+                cols.append(A.dict_indices(np, op))
+            elif name == "kind":
+                cols.append(A.dict_indices(np, np.full(n, self.sid("ufunc"))))
+            else:
+                cols.append(A.nulls(np, tp, n))
+        self.w.write_batch(A.Batch(logschema.OPS, n, cols, list(self.strings)))
+
+    def close(self) -> None:
+        self.w.close()
+
+
+def test_a_growing_dictionary_encoded_shard_is_converted_from_where_the_cache_ends(
+    tmp_path: Path, jobs: list[Any]
+) -> None:
+    """pprobe's writer's shards (dictionary deltas before the batches) read from the middle:
+    the dictionaries before the new bytes are found, the batches there are not read again."""
+    q = "SELECT seq, op, kind, caller, caller_function FROM ops ORDER BY seq"
+    run_dir = tmp_path / "run"
+    live = DictShard(run_dir, 7)
+    for _ in range(3):
+        live.batch()
+    got = cached(run_dir, q)
+    assert len(got) == 300 and got[0] == (0, "numpy.op0", "ufunc", "prog.py:0", "numpy.op0")
+    assert got == in_memory(run_dir, q)
+    size = live.path.stat().st_size
+    jobs.clear()
+    live.batch(50)
+    live.batch(50)
+    got = cached(run_dir, q)
+    assert got == in_memory(run_dir, q) and len(got) == 400
+    assert got[-1] == (399, "numpy.op4", "ufunc", "prog.py:39", "numpy.op4")
+    assert [j.start for j in jobs] == [size]  # only the new bytes
+    # a delta written but its batch cut short: nothing new yet, and no damage
+    whole = live.path.read_bytes()
+    live.batch(30)
+    full = live.path.read_bytes()
+    from pprobe import query
+
+    src = pa.BufferReader(full[len(whole) :])
+    assert pa.ipc.MessageReader.open_stream(src).read_next_message().type == "dictionary"
+    for cut in (len(whole) + src.tell(), len(whole) + src.tell() + 20):  # its batch: half
+        with open(live.path, "wb") as f:
+            f.write(full[:cut])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", query.DamagedShardWarning)
+            assert len(cached(run_dir, q)) == 400
+            got, _ = query.read_shard(str(live.path))
+        assert sum(b.num_rows for b in got) == 400
+    with open(live.path, "wb") as f:
+        f.write(full)
+    live.close()
+    assert cached(run_dir, q) == in_memory(run_dir, q)
+    assert len(cached(run_dir, q)) == 430
 
 
 def first_end(name: str) -> int:
