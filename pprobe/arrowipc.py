@@ -681,6 +681,10 @@ def _decoded(c: Column, items: Sequence[bytes]) -> Column:
 
     bitmap, idx = c.buffers
     idx = np.frombuffer(bytes(idx) if idx.__class__ is Const else idx, dtype=np.int32)
+    native = _native()
+    if native is not None:  # the rows' strings joined in C (ids: idx - 1, null below 0)
+        k, bitmap, offsets, data = native.utf8_column(list(items), idx - np.int32(1))
+        return Column(c.length, k, [bitmap, offsets, data])
     lens = np.fromiter(map(len, items), dtype=np.int64, count=len(items))[idx]
     offsets = np.zeros(c.length + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
