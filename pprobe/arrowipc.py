@@ -344,22 +344,22 @@ def dict_indices(np: Any, ids: Any) -> Column:
     native = _native()
     if native is not None:  # one pass in C (the same buffers)
         got = native.dict_indices(ids)
-        if got.__class__ is int:
-            if got < 0:
-                return nulls(np, INT32, n)
-            return Column(n, 0, [None, Const(struct.pack("<i", got + 1), 4 * n)])
-        k, bitmap, idx = got
-        return Column(n, k, [bitmap, idx])
-    lo, hi = int(ids.min()), int(ids.max())
+        if got.__class__ is not int:
+            k, bitmap, idx = got
+            return Column(n, k, [bitmap, idx])
+        lo = hi = got
+    else:
+        lo, hi = int(ids.min()), int(ids.max())
+    if hi + 1 >= 1 << 31:
+        raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
     if lo == hi:
         if lo < 0:
             return nulls(np, INT32, n)
         return Column(n, 0, [None, Const(struct.pack("<i", lo + 1), 4 * n)])
-    if hi + 1 >= 1 << 31:
-        raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
     idx = np.add(ids, 1, dtype=np.int32, casting="unsafe")
     if lo >= 0:
         return Column(n, 0, [None, idx])
+    np.maximum(idx, 0, out=idx)  # a null row's index: 0 (the C twin's bytes)
     k, bitmap = _validity(np, ids >= 0)
     return Column(n, k, [bitmap, idx])
 
@@ -598,10 +598,14 @@ class StreamWriter:
         if tuple(batch.fields) != self.fields:
             raise ValueError("arrowipc: a batch of another schema than the stream's")
         pieces = batch_message(batch)  # the buffers as they are: no joined copy
+        sent = self.dict_sent
         if self.has_dict:  # the new strings first, in the same writev
             d = batch.dictionary or ()
-            if len(d) > self.dict_sent:
-                pieces = dictionary_message(d, self.dict_sent) + pieces
+            sent = len(d)  # (once: the list may grow while the pieces are written)
+            if sent < self.dict_sent:
+                raise ValueError("arrowipc: a dictionary shorter than the stream's")
+            if sent > self.dict_sent:
+                pieces = dictionary_message(d[:sent], self.dict_sent) + pieces
         native = _native()
         if native is not None:
             native.ipc_writev(self.fd, pieces)  # (the GIL released while it writes)
@@ -609,8 +613,7 @@ class StreamWriter:
             from .safefs import write_all_v
 
             write_all_v(self.fd, pieces)
-        if self.has_dict and batch.dictionary:
-            self.dict_sent = len(batch.dictionary)
+        self.dict_sent = sent
 
     def close(self) -> None:
         """The end-of-stream marker, then the file closed."""
@@ -667,14 +670,28 @@ def to_pyarrow(batch: Batch, metadata: dict[str, str] | None = None) -> Any:
 
     sch = pa_schema(pa, batch.fields, metadata)
     arrays = []
+    items: Any = None
     for (_, tp), f, c in zip(batch.fields, sch, batch.columns):
         if tp == DICT_UTF8:
-            c = _decoded(c, batch.dictionary or [b""])
+            if items is None:  # (once a batch)
+                items = _Items(batch.dictionary or [b""])
+            c = _decoded(c, items)
         arrays.append(_pa_array(pa, f.type, c))
     return pa.RecordBatch.from_arrays(arrays, schema=sch)
 
 
-def _decoded(c: Column, items: Sequence[bytes]) -> Column:
+class _Items:
+    """A batch's dictionary for :func:`_decoded`: its strings as a list, and their lengths
+    (made once a batch, not once a column)."""
+
+    def __init__(self, items: Sequence[bytes]) -> None:
+        import numpy as np
+
+        self.list = list(items)
+        self.lens = np.fromiter(map(len, self.list), dtype=np.int64, count=len(self.list))
+
+
+def _decoded(c: Column, items: _Items) -> Column:
     """A ``dict<utf8>`` column as a plain utf8 column of the same rows (NumPy and
     ``bytes.join``: no pyarrow compute kernel, which may be loaded at the program's exit)."""
     import numpy as np
@@ -683,12 +700,12 @@ def _decoded(c: Column, items: Sequence[bytes]) -> Column:
     idx = np.frombuffer(bytes(idx) if idx.__class__ is Const else idx, dtype=np.int32)
     native = _native()
     if native is not None:  # the rows' strings joined in C (ids: idx - 1, null below 0)
-        k, bitmap, offsets, data = native.utf8_column(list(items), idx - np.int32(1))
+        k, bitmap, offsets, data = native.utf8_column(items.list, idx - np.int32(1))
         return Column(c.length, k, [bitmap, offsets, data])
-    lens = np.fromiter(map(len, items), dtype=np.int64, count=len(items))[idx]
+    lens = items.lens[idx]
     offsets = np.zeros(c.length + 1, dtype=np.int64)
     np.cumsum(lens, out=offsets[1:])
     if offsets[-1] >= 1 << 31:
         raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
-    data = b"".join(list(map(items.__getitem__, idx.tolist())))
+    data = b"".join(list(map(items.list.__getitem__, idx.tolist())))
     return Column(c.length, c.null_count, [bitmap, offsets.astype(np.int32), data])

@@ -111,9 +111,47 @@ _BAD = (OSError, ValueError, TypeError, KeyError, IndexError, NotImplementedErro
 
 def _checked(b: pa.RecordBatch, sch: pa.Schema) -> pa.RecordBatch:
     """The batch, validated in full (offsets, lengths, UTF-8: a damaged batch handed on
-    unvalidated can crash the Parquet writer), in schema ``sch``. Raises if it is damaged."""
-    b.validate(full=True)
+    unvalidated can crash the Parquet writer), in schema ``sch``. Raises if it is damaged.
+
+    A dictionary-encoded column (pprobe's writer: every name column of a shard shares one
+    dictionary, which grows from batch to batch) has its indices checked against its
+    dictionary; the dictionary itself is validated once (:func:`_valid_dictionary`), not
+    once per column of every batch."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_dictionary(t) for t in b.schema.types):
+        b.validate(full=True)
+        return _conformed(b, sch)
+    b.validate()
+    for col in b.columns:
+        if not pa.types.is_dictionary(col.type):
+            col.validate(full=True)
+            continue
+        d = _valid_dictionary(col.dictionary)
+        idx = col.indices
+        idx.validate(full=True)
+        if idx.null_count < len(idx):
+            import pyarrow.compute as pc
+
+            lo, hi = pc.min_max(idx).values()
+            if lo.as_py() < 0 or hi.as_py() >= len(d):
+                raise pa.ArrowInvalid("a dictionary index past its dictionary")
     return _conformed(b, sch)
+
+
+#: Dictionaries validated in full, by their buffers' addresses and length; each is kept (its
+#: memory cannot be reused for another one) until the cache is full and starts over.
+_VALID_DICTS: dict[tuple, pa.Array] = {}
+
+
+def _valid_dictionary(d: pa.Array) -> pa.Array:
+    key = (*(0 if buf is None else buf.address for buf in d.buffers()), len(d), d.offset)
+    if key not in _VALID_DICTS:
+        d.validate(full=True)
+        if len(_VALID_DICTS) >= 8:
+            _VALID_DICTS.clear()  # (no iteration: conversion jobs run on several threads)
+        _VALID_DICTS[key] = d
+    return d
 
 
 def _cut_short(f: pa.NativeFile, pos: int, size: int) -> bool:
@@ -394,32 +432,6 @@ def _scan(path: str, start: int) -> tuple[list[int], int | None]:
             ends.append(pos)
 
 
-def _whole(
-    f: pa.NativeFile, sch: pa.Schema, damage: list[int]
-) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Every complete, valid batch of the stream, each with its end offset (dictionaries
-    included); where damage ends it, its offset is appended to ``damage``."""
-    import pyarrow as pa
-
-    f.seek(0)
-    try:
-        reader = pa.ipc.open_stream(f)
-    except (*_BAD, pa.ArrowException):
-        return
-    end = f.tell()
-    while True:
-        try:
-            b = _checked(reader.read_next_batch(), sch)
-        except StopIteration:
-            return
-        except (*_BAD, pa.ArrowException):
-            if not _cut_short(f, end, f.size()):
-                damage.append(end)
-            return
-        end = f.tell()
-        yield b, end
-
-
 def _dict_range(
     path: str, sch: pa.Schema, start: int, end: int, damage: list[int]
 ) -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -430,12 +442,16 @@ def _dict_range(
     import pyarrow as pa
 
     with pa.memory_map(path) as m:
-        reader = pa.ipc.MessageReader.open_stream(m)
-        prefix = [reader.read_next_message().serialize()]  # the schema
-        while m.tell() < start:
-            msg = reader.read_next_message()
-            if msg.type == "dictionary":
-                prefix.append(msg.serialize())
+        try:
+            reader = pa.ipc.MessageReader.open_stream(m)
+            prefix = [reader.read_next_message().serialize()]  # the schema
+            while m.tell() < start:
+                msg = reader.read_next_message()
+                if msg.type == "dictionary":
+                    prefix.append(msg.serialize())
+        except StopIteration:  # shorter than when it was planned: rewritten since
+            damage.append(start)
+            return
         if m.tell() != start:
             damage.append(start)
             return
@@ -555,7 +571,6 @@ class _PartWriter:
 class _Job:
     """Convert bytes [start, end) of a shard, after the parts in ``merge``, into one part.
 
-    ``end`` None: the whole stream with Arrow's stream reader (dictionary-encoded columns).
     ``last``: the conversion's last part, the only one named with the shard's (size, mtime): a
     chain is up to date only when it ends with it, whatever other job failed or was killed.
     """
@@ -565,7 +580,7 @@ class _Job:
     sch: pa.Schema
     src: pa.Schema
     start: int
-    end: int | None
+    end: int
     merge: list[Part]
     stat: os.stat_result
     last: bool = True
@@ -591,9 +606,7 @@ def _run_job(job: _Job) -> Part | None:
         with pa.OSFile(job.path, "rb") as f:
             end = job.start
             damage: list[int] = []
-            if job.end is None:
-                it = _whole(f, job.sch, damage)
-            elif any(pa.types.is_dictionary(t.type) for t in job.src):
+            if any(pa.types.is_dictionary(t.type) for t in job.src):
                 it = _dict_range(job.path, job.sch, job.start, job.end, damage)
             else:
                 it = _range(f, job.src, job.sch, job.start, job.end, damage)

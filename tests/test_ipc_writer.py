@@ -40,12 +40,12 @@ _POOL = ["", "a", "ok", "h\u00e9llo", "\u65e5\u672c\u8a9e", "x" * 300, "\U0001f6
 _DICT = [b"", *(t.encode() for t in _POOL)]
 
 
-def _column(rng: random.Random, tp: str, n: int) -> tuple[A.Column, pa.Array]:
+def _column(rng: random.Random, tp: str, n: int, k: int = len(_POOL)) -> tuple[A.Column, pa.Array]:
     """A column made with arrowipc's constructors and the same values as a pyarrow array
-    built from Python objects (an independent reference)."""
+    built from Python objects (an independent reference); dict<utf8> ids are below ``k``."""
     valid = np.array([rng.random() < 0.7 for _ in range(n)], dtype=bool)
     if tp == A.DICT_UTF8:  # string ids (-1: null) into _POOL
-        ids = [rng.randint(-1, len(_POOL) - 1) for _ in range(n)]
+        ids = [rng.randint(-1, k - 1) for _ in range(n)]
         ref = [None if i < 0 else _POOL[i] for i in ids]
         return A.dict_indices(np, np.array(ids, dtype=np.int64)), pa.array(ref, pa.string())
     if tp == A.UTF8:
@@ -71,23 +71,30 @@ def _column(rng: random.Random, tp: str, n: int) -> tuple[A.Column, pa.Array]:
     return A.int64_lists(np, offsets, flat), pa.array(lists, pa.list_(pa.int64()))
 
 
-def _batch(rng: random.Random, fields: tuple, n: int) -> tuple[A.Batch, pa.RecordBatch]:
-    made = [_column(rng, tp, n) for _, tp in fields]
+def _batch(
+    rng: random.Random, fields: tuple, n: int, k: int = len(_POOL)
+) -> tuple[A.Batch, pa.RecordBatch]:
+    """A batch and its reference; its dictionary is the first ``k`` strings of _POOL."""
+    made = [_column(rng, tp, n, k) for _, tp in fields]
     ref = pa.RecordBatch.from_arrays([r for _, r in made], schema=A.pa_schema(pa, fields))
-    return A.Batch(fields, n, [c for c, _ in made], _DICT), ref
+    return A.Batch(fields, n, [c for c, _ in made], _DICT[: k + 1]), ref
 
 
-def _messages(fields: tuple, batches: list[A.Batch]) -> list[bytes]:
+def _message_pairs(fields: tuple, batches: list[A.Batch]) -> list[tuple[bytes, bytes]]:
     """Each batch's bytes as A.StreamWriter writes them: the dictionary's new entries (a
-    DictionaryBatch message) first where the schema has dict<utf8> fields."""
+    DictionaryBatch message, b"" when there are none), then the batch."""
     sent, out = 0, []
     for b in batches:
         msg = b""
         if A.DICT_UTF8 in (tp for _, tp in fields) and len(b.dictionary or ()) > sent:
             msg = b"".join(A.dictionary_message(b.dictionary, sent))
             sent = len(b.dictionary)
-        out.append(msg + b"".join(A.batch_message(b)))
+        out.append((msg, b"".join(A.batch_message(b))))
     return out
+
+
+def _messages(fields: tuple, batches: list[A.Batch]) -> list[bytes]:
+    return [d + m for d, m in _message_pairs(fields, batches)]
 
 
 def _stream(fields: tuple, batches: list[A.Batch], eos: bool = True) -> bytes:
@@ -283,15 +290,19 @@ def test_a_stream_cut_anywhere_reads_up_to_its_last_complete_batch(tmp_path: Pat
 
     rng = random.Random(5)
     fields = logschema.OPS
-    ours = [_batch(rng, fields, n) for n in (3, 0, 40)]
+    # the dictionary grows: its whole before the first batch, deltas before the others
+    ours = [_batch(rng, fields, n, k) for n, k in ((3, 2), (0, 5), (40, len(_POOL)))]
     head = A.schema_message(fields, META)
-    msgs = _messages(fields, [b for b, _ in ours])
-    ends = [len(head)]
-    for m in msgs:
-        ends.append(ends[-1] + len(m))
-    whole = head + b"".join(msgs)
+    pairs = _message_pairs(fields, [b for b, _ in ours])
+    assert all(d for d, _ in pairs[:1] + pairs[2:])
+    ends = [len(head)]  # where each batch ends
+    bounds = set()  # where a dictionary message ends (a message boundary too)
+    for d, m in pairs:
+        bounds.add(ends[-1] + len(d))
+        ends.append(ends[-1] + len(d) + len(m))
+    whole = head + b"".join(d + m for d, m in pairs)
     path = tmp_path / "ops-h-7.arrows"
-    near = {e + d for e in ends for d in (-9, -8, -5, -4, -1, 1, 3, 4, 8)}
+    near = {e + d for e in {*ends, *bounds} for d in (-9, -8, -5, -4, -1, 1, 3, 4, 8)}
     cuts = sorted(
         {*range(0, 16), *range(0, len(whole), 53), *ends, *near} & {*range(len(whole) + 1)}
     )
@@ -304,7 +315,7 @@ def test_a_stream_cut_anywhere_reads_up_to_its_last_complete_batch(tmp_path: Pat
         assert len(got) == complete, cut
         for g, (_, ref) in zip(got, ours):
             assert g.to_pylist() == ref.to_pylist()
-        assert early or cut in ends  # cut mid-message (at a boundary: a plain end)
+        assert early or cut in ends or cut in bounds  # mid-message (a boundary: a plain end)
     path.write_bytes(whole + A.EOS)
     got, early = read_shard(str(path), schema.OPS)
     assert len(got) == 3 and not early
@@ -322,6 +333,8 @@ def test_stream_writer_writes_eos_at_close_only(tmp_path: Path) -> None:
     assert not path.read_bytes().endswith(A.EOS)
     with pytest.raises(ValueError):
         w.write_batch(_batch(rng, logschema.OPS, 1)[0])
+    with pytest.raises(ValueError, match="shorter"):  # the stream's dictionary only grows
+        w.write_batch(A.Batch(b.fields, b.num_rows, b.columns, _DICT[:1]))
     w.close()
     w.close()  # idempotent
     data = path.read_bytes()
@@ -730,3 +743,26 @@ def test_dict_indices_of_every_kind_of_id_column(
             assert bitmap is None
     with pytest.raises(ValueError, match="2\\*\\*31"):
         A.dict_indices(np, np.array([0, 2**31 - 1], dtype=np.int64))
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        A.dict_indices(np, np.array([2**31 - 1] * 3, dtype=np.int64))
+
+
+@needs_native
+def test_dict_indices_native_and_numpy_write_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The twins agree byte for byte, null slots included (ids below -1 too: nulls)."""
+    from pprobe import core
+
+    rng = np.random.default_rng(1)
+    cases = [rng.integers(-3, 50, 1000), rng.integers(-1, 3, 17).astype(np.int32),
+             np.array([-2, -1, -2]), np.array([5, -1])]  # fmt: skip
+    for ids in cases:
+        got = []
+        for nat in (_native_mod(), None):
+            monkeypatch.setattr(core, "native", nat)
+            col = A.dict_indices(np, ids)
+            got.append(
+                [col.length, col.null_count, [None if b is None else bytes(b) for b in col.buffers]]
+            )
+        assert got[0] == got[1], ids

@@ -414,7 +414,8 @@ def test_a_growing_dictionary_encoded_shard_is_converted_from_where_the_cache_en
 
     src = pa.BufferReader(full[len(whole) :])
     assert pa.ipc.MessageReader.open_stream(src).read_next_message().type == "dictionary"
-    for cut in (len(whole) + src.tell(), len(whole) + src.tell() + 20):  # its batch: half
+    # cut inside the delta, right after it, and in the middle of its batch
+    for cut in (len(whole) + 20, len(whole) + src.tell(), len(whole) + src.tell() + 20):
         with open(live.path, "wb") as f:
             f.write(full[:cut])
         with warnings.catch_warnings():
@@ -427,6 +428,27 @@ def test_a_growing_dictionary_encoded_shard_is_converted_from_where_the_cache_en
     live.close()
     assert cached(run_dir, q) == in_memory(run_dir, q)
     assert len(cached(run_dir, q)) == 430
+
+
+def test_a_batch_whose_indices_run_past_its_dictionary_is_damage(tmp_path: Path) -> None:
+    """Indices past the dictionary the stream has (a damaged shard): the batches before it
+    are read, that one and the rest are not, and the damage is reported."""
+    from pprobe import arrowipc as A
+    from pprobe import logschema, query
+
+    run_dir = tmp_path / "run"
+    live = DictShard(run_dir, 3)
+    live.batch(20)
+    cols = [A.dict_indices(np, np.full(5, 1000)) if tp == A.DICT_UTF8 else A.nulls(np, tp, 5)
+            for _, tp in logschema.OPS]  # fmt: skip
+    live.w.write_batch(A.Batch(logschema.OPS, 5, cols, list(live.strings)))
+    live.batch(20)
+    live.close()
+    with pytest.warns(query.DamagedShardWarning, match="20 rows before it"):
+        got, early = query.read_shard(str(live.path))
+    assert early and sum(b.num_rows for b in got) == 20
+    with pytest.warns(query.DamagedShardWarning):
+        assert cached(run_dir, "SELECT count(*) FROM ops") == [(20,)]
 
 
 def first_end(name: str) -> int:
