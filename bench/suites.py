@@ -800,11 +800,23 @@ def _schema_version() -> str:
     return "?"
 
 
+def _log_format() -> str:
+    """What a cached log must have been written with: the schema version, and the log's
+    encoding (pprobe/logschema.py: its columns' types, e.g. dictionary-encoded names, can
+    change without a new schema version)."""
+    import hashlib
+
+    with open(os.path.join(REPO, "pprobe", "logschema.py"), "rb") as f:
+        encoding = hashlib.sha256(f.read()).hexdigest()[:12]
+    return f"{_schema_version()}/{encoding}"
+
+
 def _query_log(rows: int, log: Log) -> tuple[str | None, dict[str, Any]]:
-    """A probe-made log of ``rows`` op rows, generated once and cached under bench/.cache/."""
+    """A probe-made log of ``rows`` op rows, generated once and cached under bench/.cache/
+    (made again when the log's schema or encoding changed: :func:`_log_format`)."""
     d = os.path.join(CACHE, f"query-{rows}")
     marker = os.path.join(d, "complete.json")
-    version = _schema_version()
+    version = _log_format()
     if os.path.isfile(marker):
         with open(marker) as f:
             info = json.load(f)
