@@ -702,10 +702,16 @@ def _decoded(c: Column, items: _Items) -> Column:
     if native is not None:  # the rows' strings joined in C (ids: idx - 1, null below 0)
         k, bitmap, offsets, data = native.utf8_column(items.list, idx - np.int32(1))
         return Column(c.length, k, [bitmap, offsets, data])
-    lens = items.lens[idx]
-    offsets = np.zeros(c.length + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
+    offsets, data = taken(np, items.list, items.lens, idx)
+    return Column(c.length, c.null_count, [bitmap, offsets, data])
+
+
+def taken(np: Any, items: Sequence[bytes], lens: Any, idx: Any) -> tuple[Any, bytes]:
+    """The int32 offsets and the bytes of a utf8 column whose row k is ``items[idx[k]]``
+    (``lens``: the items' lengths, an int64 array; entry 0 is b"", what null rows take):
+    NumPy and ``bytes.join``, C loops over the rows (the twin of the native utf8_column)."""
+    offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lens[idx], out=offsets[1:])
     if offsets[-1] >= 1 << 31:
         raise ValueError("arrowipc: a string column of 2 GiB or more in one batch")
-    data = b"".join(list(map(items.list.__getitem__, idx.tolist())))
-    return Column(c.length, c.null_count, [bitmap, offsets.astype(np.int32), data])
+    return offsets.astype(np.int32), b"".join(list(map(items.__getitem__, idx.tolist())))

@@ -671,13 +671,7 @@ class _Strings:
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:
             return self._one(np, lo, n)
-        idx = ids + 1  # null (-1) -> b""
-        lens = self.lens[idx]
-        if int(lens.sum()) >= 1 << 31:
-            raise ValueError("a string column of 2 GiB or more in one batch")
-        offsets = np.zeros(n + 1, dtype=np.int32)
-        np.cumsum(lens, out=offsets[1:], dtype=np.int32)
-        data = b"".join(list(map(self.items.__getitem__, idx.tolist())))
+        offsets, data = A.taken(np, self.items, self.lens, ids + 1)  # null (-1) -> b""
         return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
 
 
