@@ -41,7 +41,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 15
+#define PPROBE_NATIVE_API 16
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -291,6 +291,127 @@ static int buffer_full(BufferObject *b) {
     return 1;
 }
 
+
+/* ------------------------------------------------------------------ the writer's flush window
+ * CPython's GIL goes to a waiting thread only when its holder has kept it for a whole switch
+ * interval: a program thread that releases it often (in every LAPACK call, every torch op)
+ * takes it back before the waiting writer thread wakes, over and over, and each time the
+ * writer takes the GIL (after its wait, after each NumPy pass over a long column, after each
+ * file write) can cost it hundreds of futile wake-ups (docs/performance.md, "The log writer").
+ * So the writer announces its flush. From the end of Buffer.wait() to Buffer.end_flush(), a
+ * recording thread that appends a row (buffer_append, once the row is in) lets the GIL go and
+ * waits for the flush to end, at most PARK_MAX_NS at a time: the writer takes the GIL without
+ * a race, and the program's thread waits for it asleep instead of contending for it. Only
+ * Buffer.wait() opens the window: the writer thread itself (tl_writer) never waits, and a
+ * flush on another thread (close, a fork, pprobe.flush()) holds no thread back. The window
+ * state is process-wide, like the buffer (one a process). */
+#define PARK_MAX_NS 10000000L
+static volatile int g_flushing = 0; /* read without the lock: a stale value costs one turn */
+static int g_woken = 0;
+static pthread_mutex_t g_park_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_park_cv = PTHREAD_COND_INITIALIZER; /* the flush ended */
+static pthread_cond_t g_wake_cv = PTHREAD_COND_INITIALIZER; /* the writer is asked to flush */
+static int64_t g_parks = 0, g_park_timeouts = 0, g_park_ns = 0; /* under the GIL */
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void deadline_in(struct timespec *ts, int64_t ns) { /* CLOCK_REALTIME: the cond's clock */
+    clock_gettime(CLOCK_REALTIME, ts);
+    ns += ts->tv_nsec;
+    ts->tv_sec += (time_t)(ns / 1000000000LL);
+    ts->tv_nsec = (long)(ns % 1000000000LL);
+}
+
+static void park_for_flush(void) {
+    struct timespec dl;
+    int64_t t0 = mono_ns();
+    int timed_out = 0;
+    deadline_in(&dl, PARK_MAX_NS);
+    Py_BEGIN_ALLOW_THREADS;
+    pthread_mutex_lock(&g_park_mu);
+    while (g_flushing) {
+        if (pthread_cond_timedwait(&g_park_cv, &g_park_mu, &dl) == ETIMEDOUT) {
+            timed_out = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_park_mu);
+    Py_END_ALLOW_THREADS;
+    g_parks++;
+    g_park_timeouts += timed_out;
+    g_park_ns += mono_ns() - t0;
+}
+
+static inline void maybe_park(void) {
+    if (g_flushing && !tl_writer) park_for_flush();
+}
+
+/* wait(timeout) -> woken: the writer thread's wait for its next flush: until wake() or, with
+   rows (or dropped rows) buffered, the timeout; an idle writer keeps waiting without taking
+   the GIL. On return the flush window is open (end_flush() closes it): it opens before the
+   GIL is taken back, so that the recording threads let the GIL go. */
+static PyObject *Buffer_wait(BufferObject *self, PyObject *arg) {
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1.0 && PyErr_Occurred()) return NULL;
+    if (!(t >= 0.001)) t = 0.001;
+    if (t > 86400) t = 86400;
+    int woken;
+    Py_BEGIN_ALLOW_THREADS;
+    struct timespec dl;
+    pthread_mutex_lock(&g_park_mu);
+    for (;;) {
+        deadline_in(&dl, (int64_t)(t * 1e9));
+        while (!g_woken) {
+            if (pthread_cond_timedwait(&g_wake_cv, &g_park_mu, &dl) == ETIMEDOUT) break;
+        }
+        /* racy reads of the counts (no GIL): a row appended just now waits one more period */
+        if (g_woken || self->n_ops || self->dropped) break;
+    }
+    woken = g_woken;
+    g_woken = 0;
+    g_flushing = 1;
+    pthread_mutex_unlock(&g_park_mu);
+    Py_END_ALLOW_THREADS;
+    return PyBool_FromLong(woken);
+}
+
+/* wake(): the writer's wait() returns now (a flush is due, or the writer stops) */
+static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
+    pthread_mutex_lock(&g_park_mu);
+    g_woken = 1;
+    pthread_cond_signal(&g_wake_cv);
+    pthread_mutex_unlock(&g_park_mu);
+    Py_RETURN_NONE;
+}
+
+/* end_flush(): the flush window closes; the threads waiting for it go on */
+static PyObject *Buffer_end_flush(BufferObject *self, PyObject *unused) {
+    pthread_mutex_lock(&g_park_mu);
+    g_flushing = 0;
+    pthread_cond_broadcast(&g_park_cv);
+    pthread_mutex_unlock(&g_park_mu);
+    Py_RETURN_NONE;
+}
+
+/* parks() -> (waits, waits cut short by PARK_MAX_NS, seconds waited): the window's toll */
+static PyObject *Buffer_parks(BufferObject *self, PyObject *unused) {
+    return Py_BuildValue("(LLd)", (long long)g_parks, (long long)g_park_timeouts,
+                         g_park_ns * 1e-9);
+}
+
+/* In a forked child: no thread of the parent's is left to close the window or hold its lock. */
+static void window_after_fork(void) {
+    pthread_mutex_init(&g_park_mu, NULL);
+    pthread_cond_init(&g_park_cv, NULL);
+    pthread_cond_init(&g_wake_cv, NULL);
+    g_flushing = g_woken = 0;
+    g_parks = g_park_timeouts = g_park_ns = 0;
+}
+
 static BufferObject *g_buffer = NULL;
 
 /* Make room for `need` records of `item` bytes in the bytearray *ba (used: n records). */
@@ -368,6 +489,7 @@ static int buffer_append(BufferObject *b, OpRec *op, DescRec *d, Py_ssize_t nd, 
     if (base) rebase_row(o, dd, nd, base);
     b->n_ops++;
     b->n_descs += nd;
+    maybe_park();
     return 0;
 }
 
@@ -508,6 +630,13 @@ static PyObject *Buffer_take_dropped(BufferObject *self, PyObject *unused) {
 static PyMethodDef Buffer_methods[] = {
     {"limit", (PyCFunction)Buffer_limit, METH_VARARGS,
      "limit(max_rows, drop, writer_alive): back-pressure (0: no limit)"},
+    {"wait", (PyCFunction)Buffer_wait, METH_O,
+     "wait(timeout) -> woken: the writer's wait; on return its flush window is open"},
+    {"wake", (PyCFunction)Buffer_wake, METH_NOARGS, "wait() returns now"},
+    {"end_flush", (PyCFunction)Buffer_end_flush, METH_NOARGS,
+     "the flush window closes: the recording threads waiting for it go on"},
+    {"parks", (PyCFunction)Buffer_parks, METH_NOARGS,
+     "(waits, waits cut short, seconds waited) of recording threads for the writer's flushes"},
     {"mark_writer", (PyCFunction)Buffer_mark_writer, METH_O,
      "mark_writer(flag) -> previous: while set, this thread never waits for room"},
     {"take_dropped", (PyCFunction)Buffer_take_dropped, METH_NOARGS,
@@ -4050,6 +4179,7 @@ static PyObject *init(PyObject *self, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
+    window_after_fork();
     if (g_buffer) {
         g_buffer->n_ops = g_buffer->n_descs = 0;
         PyObject *n = PyList_New(0);

@@ -250,6 +250,8 @@ def after_fork() -> None:
     buffer.clear()  # the parent's unflushed rows belong to the parent's shard
     if _native is not None:
         _native.after_fork_child()
+    else:
+        buffer.after_fork()
 
 
 #: Called as ``f(old, new)`` after each step change (pprobe.ext.tables samples there).
@@ -807,7 +809,7 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
                                 -1)  # fmt: skip
                 b = buffer  # Buffer.append, inlined while the buffer has room
                 q = b.queue
-                if b.max_rows and len(q) >= b.max_rows:
+                if b.max_rows and len(q) >= b.max_rows or b.flushing:
                     b.append(head, b"".join(descs), None)
                 else:  # one bytes, the op record first (records.Buffer)
                     descs.insert(0, head)

@@ -228,6 +228,11 @@ _HEAD = operator.itemgetter(slice(0, OP_SIZE))
 _TAIL = operator.itemgetter(slice(OP_SIZE, None))
 
 
+#: The longest a recording thread waits for the writer's flush at a time (Buffer.park; the
+#: native core's PARK_MAX_NS): a flush of PPROBE_FLUSH_ROWS rows takes a few milliseconds.
+PARK_MAX_S = 0.01
+
+
 class Buffer:
     """Rows waiting for the writer (the Python engine's; the native core has its own with the
     same methods). ``deque.append``/``popleft`` are atomic: threads never lose a row.
@@ -246,6 +251,13 @@ class Buffer:
         self.writer_alive = False
         self.dropped = 0.0  # a float: no small int stays referenced (NumPy's tests count)
         self._local = threading.local()
+        # The writer's flush window (the native buffer's twin, see pprobe/_native.c): while
+        # ``flushing``, a thread that appends a row waits for the flush to end (at most
+        # PARK_MAX_S a time) instead of contending for the GIL with the writer.
+        self.flushing = False
+        self._woken = threading.Event()
+        self._done = threading.Event()
+        self._parks: list[Any] = [0, 0, 0.0]  # waits, waits cut short, seconds waited
 
     def limit(self, max_rows: int, drop: bool, writer_alive: bool) -> None:
         """At most ``max_rows`` rows; when full, wait for the writer (``drop`` False, the
@@ -268,6 +280,53 @@ class Buffer:
         if self.max_rows and len(q) >= self.max_rows and not self._full():
             return
         q.append(head + descs if objs is None else (head, descs, objs))
+        if self.flushing:
+            self.park()
+
+    def park(self) -> None:
+        """Wait for the writer's flush to end (the calling thread has just appended a row)."""
+        if getattr(self._local, "writer", False):  # the writer thread itself never waits
+            return
+        t0 = time.monotonic()
+        cut = not self._done.wait(PARK_MAX_S)
+        p = self._parks
+        p[0] += 1
+        p[1] += cut
+        p[2] += time.monotonic() - t0
+
+    def wait(self, timeout: float) -> bool:
+        """The writer thread's wait for its next flush: until :meth:`wake` or, with rows (or
+        dropped rows) buffered, ``timeout`` seconds. Opens the flush window (``end_flush``
+        closes it). The native twin opens it before taking the GIL back; here the GIL is
+        taken first."""
+        ev = self._woken
+        while True:
+            woken = ev.wait(timeout)
+            if woken or self._q or self.dropped:
+                break
+        ev.clear()
+        self._done.clear()
+        self.flushing = True
+        return woken
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    def end_flush(self) -> None:
+        self.flushing = False
+        self._done.set()
+
+    def parks(self) -> tuple[int, int, float]:
+        """(waits, waits cut short by PARK_MAX_S, seconds waited) of the recording threads."""
+        a, b, c = self._parks
+        return a, b, c
+
+    def after_fork(self) -> None:
+        """In a forked child: no thread of the parent's is left to close the window."""
+        self.flushing = False
+        self._woken = threading.Event()
+        self._done = threading.Event()
+        self._parks = [0, 0, 0.0]
 
     def _full(self) -> bool:
         """The buffer is full: True when there is room now, False: drop this row."""

@@ -75,7 +75,6 @@ class Writer:
         self.pid = os.getpid()
         self.epoch0 = time.time_ns() - perf_counter_ns()
         self.lock = threading.Lock()
-        self.event = threading.Event()
         self.stopping = False
         self.fork_pending = False
         self._fork_locked = False
@@ -112,7 +111,7 @@ class Writer:
             _report.internal_error("bounding the record buffer", e)
 
     def wake(self) -> None:
-        self.event.set()
+        recorder.buffer.wake()
 
     def _loop(self) -> None:
         state.local.depth = INTERNAL  # this thread's own NumPy work is never recorded
@@ -122,10 +121,16 @@ class Writer:
             _report.internal_error("bounding the record buffer", e)
         try:
             while not self.stopping:
-                self.event.wait(self.flush_seconds)
-                self.event.clear()
-                if not self.stopping:
-                    self.flush()
+                buf = recorder.buffer
+                # The wait opens the flush window: until end_flush(), the threads that record a
+                # row wait for this flush instead of contending with it for the GIL
+                # (records.Buffer.wait, pprobe/_native.c "the writer's flush window").
+                buf.wait(self.flush_seconds)
+                try:
+                    if not self.stopping:
+                        self.flush()
+                finally:
+                    buf.end_flush()
         except BaseException as e:  # the writer thread must not die silently
             self.failed = True
             self._limit(alive=False)
@@ -134,7 +139,7 @@ class Writer:
     def close(self) -> None:
         self._limit(alive=False)  # recording threads must not wait for a writer that stops
         self.stopping = True
-        self.event.set()
+        self.wake()
         t = self.thread
         if t is not None and t is not threading.current_thread() and t.is_alive():
             t.join(timeout=10)
@@ -250,10 +255,18 @@ class Writer:
             return "pyarrow", "auto: a collector's tap (PPROBE_COLLECTOR) takes pyarrow batches"
         return "pprobe", "auto"
 
-    def facts(self) -> dict[str, str]:
-        """What meta.json's ``core`` says about the log's writer."""
+    def facts(self) -> dict[str, Any]:
+        """What meta.json's ``core`` says about the log's writer, and what its flushes cost
+        the recording threads: ``flush_waits`` (how many times one waited for a flush, how
+        many of those waits were cut short at records.PARK_MAX_S, the seconds waited)."""
         name, why = self.log_writer()
-        return {"log_writer": name, "log_writer_reason": why}
+        out: dict[str, Any] = {"log_writer": name, "log_writer_reason": why}
+        try:
+            waits, cut, secs = recorder.buffer.parks()
+            out["flush_waits"] = {"waits": waits, "cut_short": cut, "seconds": round(secs, 6)}
+        except Exception as e:
+            _report.internal_error("reading the flush window's count", e)
+        return out
 
     def _write(self, table: str, batch: Any) -> None:
         """Hand ``batch`` (an arrowipc.Batch) to the tap and append it to the table's shard."""
