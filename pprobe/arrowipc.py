@@ -161,12 +161,19 @@ def _field(b: _Builder, name: str, tp: str) -> int:
     return b.table([(0, "off", nm), (1, "?", True), *fields, (5, "off", kids)])
 
 
+_core: Any = None  # pprobe.core, once imported (the engine is read from it at every call)
+
+
 def _native() -> Any:
     """The native core (its ``ipc_*`` functions write the same bytes as this module's Python
     code, without a Python call per buffer), or None where the Python engine runs."""
-    from . import core
+    global _core
+    c = _core
+    if c is None:
+        from . import core as c
 
-    return core.native
+        _core = c
+    return c.native
 
 
 def schema_message(fields: Sequence[tuple[str, str]], metadata: dict[str, str]) -> bytes:
