@@ -253,6 +253,7 @@ typedef struct {
     Py_ssize_t max_rows;
     int drop, writer_alive;
     long long dropped;
+    int woken; /* wake() was called: its writer's wait() returns (under g_park_mu) */
 } BufferObject;
 
 static PyObject *py_wake = NULL; /* writer.wake or None (configure) */
@@ -306,12 +307,14 @@ static int buffer_full(BufferObject *b) {
  * flush on another thread (close, a fork, pprobe.flush()) holds no thread back. The window
  * state is process-wide, like the buffer (one a process). */
 #define PARK_MAX_NS 10000000L
-static volatile int g_flushing = 0; /* read without the lock: a stale value costs one turn */
-static int g_woken = 0;
+static int g_flushing = 0; /* __atomic, relaxed: a stale value costs one needless turn */
 static pthread_mutex_t g_park_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_park_cv = PTHREAD_COND_INITIALIZER; /* the flush ended */
-static pthread_cond_t g_wake_cv = PTHREAD_COND_INITIALIZER; /* the writer is asked to flush */
+static pthread_cond_t g_park_cv; /* the flush ended (CLOCK_MONOTONIC: window_init) */
+static pthread_cond_t g_wake_cv; /* a writer is asked to flush */
 static int64_t g_parks = 0, g_park_timeouts = 0, g_park_ns = 0; /* under the GIL */
+
+static inline int flushing_now(void) { return __atomic_load_n(&g_flushing, __ATOMIC_RELAXED); }
+static inline void set_flushing(int f) { __atomic_store_n(&g_flushing, f, __ATOMIC_RELAXED); }
 
 static int64_t mono_ns(void) {
     struct timespec ts;
@@ -319,11 +322,21 @@ static int64_t mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static void deadline_in(struct timespec *ts, int64_t ns) { /* CLOCK_REALTIME: the cond's clock */
-    clock_gettime(CLOCK_REALTIME, ts);
+static void deadline_in(struct timespec *ts, int64_t ns) { /* on the conds' CLOCK_MONOTONIC */
+    clock_gettime(CLOCK_MONOTONIC, ts);
     ns += ts->tv_nsec;
     ts->tv_sec += (time_t)(ns / 1000000000LL);
     ts->tv_nsec = (long)(ns % 1000000000LL);
+}
+
+static int window_init(void) {
+    pthread_condattr_t a;
+    if (pthread_condattr_init(&a) != 0) return -1;
+    int r = pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    if (r == 0) r = pthread_cond_init(&g_park_cv, &a);
+    if (r == 0) r = pthread_cond_init(&g_wake_cv, &a);
+    pthread_condattr_destroy(&a);
+    return r == 0 ? 0 : -1;
 }
 
 static void park_for_flush(void) {
@@ -333,8 +346,8 @@ static void park_for_flush(void) {
     deadline_in(&dl, PARK_MAX_NS);
     Py_BEGIN_ALLOW_THREADS;
     pthread_mutex_lock(&g_park_mu);
-    while (g_flushing) {
-        if (pthread_cond_timedwait(&g_park_cv, &g_park_mu, &dl) == ETIMEDOUT) {
+    while (flushing_now()) {
+        if (pthread_cond_timedwait(&g_park_cv, &g_park_mu, &dl) != 0) { /* ETIMEDOUT */
             timed_out = 1;
             break;
         }
@@ -347,7 +360,31 @@ static void park_for_flush(void) {
 }
 
 static inline void maybe_park(void) {
-    if (g_flushing && !tl_writer) park_for_flush();
+    if (flushing_now() && !tl_writer) park_for_flush();
+}
+
+/* The main thread may hold the GIL for long without appending a row (an import, pure Python,
+ * or a loop of calls that are not recorded) while releasing it often (file reads, small C
+ * calls): it is asked to wait for the flush at its next safe point too, through CPython's
+ * pending calls (what Python's own signal handling uses; Py_AddPendingCall needs no GIL). One
+ * request at a time: a main thread that runs no Python never fills CPython's small queue. */
+static int g_yield_asked = 0;
+
+static int yield_for_flush(void *unused) {
+    __atomic_store_n(&g_yield_asked, 0, __ATOMIC_RELAXED);
+    maybe_park();
+    return 0; /* never an exception: this runs between two bytecodes of the program */
+}
+
+static void ask_main_to_yield(void) { /* with or without the GIL */
+    if (__atomic_exchange_n(&g_yield_asked, 1, __ATOMIC_RELAXED)) return;
+    if (Py_AddPendingCall(yield_for_flush, NULL) < 0)
+        __atomic_store_n(&g_yield_asked, 0, __ATOMIC_RELAXED);
+}
+
+static void window_open(void) {
+    set_flushing(1);
+    ask_main_to_yield();
 }
 
 /* wait(timeout) -> woken: the writer thread's wait for its next flush: until wake() or, with
@@ -365,25 +402,26 @@ static PyObject *Buffer_wait(BufferObject *self, PyObject *arg) {
     pthread_mutex_lock(&g_park_mu);
     for (;;) {
         deadline_in(&dl, (int64_t)(t * 1e9));
-        while (!g_woken) {
-            if (pthread_cond_timedwait(&g_wake_cv, &g_park_mu, &dl) == ETIMEDOUT) break;
+        while (!self->woken) {
+            if (pthread_cond_timedwait(&g_wake_cv, &g_park_mu, &dl) != 0) break;
         }
         /* racy reads of the counts (no GIL): a row appended just now waits one more period */
-        if (g_woken || self->n_ops || self->dropped) break;
+        if (self->woken || self->n_ops || self->dropped) break;
     }
-    woken = g_woken;
-    g_woken = 0;
-    g_flushing = 1;
+    woken = self->woken;
+    self->woken = 0;
+    set_flushing(1);
     pthread_mutex_unlock(&g_park_mu);
+    ask_main_to_yield();
     Py_END_ALLOW_THREADS;
     return PyBool_FromLong(woken);
 }
 
-/* wake(): the writer's wait() returns now (a flush is due, or the writer stops) */
+/* wake(): this buffer's writer's wait() returns now (a flush is due, or the writer stops) */
 static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
     pthread_mutex_lock(&g_park_mu);
-    g_woken = 1;
-    pthread_cond_signal(&g_wake_cv);
+    self->woken = 1;
+    pthread_cond_broadcast(&g_wake_cv); /* the cond is shared: wake every waiter to look */
     pthread_mutex_unlock(&g_park_mu);
     Py_RETURN_NONE;
 }
@@ -391,9 +429,16 @@ static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
 /* end_flush(): the flush window closes; the threads waiting for it go on */
 static PyObject *Buffer_end_flush(BufferObject *self, PyObject *unused) {
     pthread_mutex_lock(&g_park_mu);
-    g_flushing = 0;
+    set_flushing(0);
     pthread_cond_broadcast(&g_park_cv);
     pthread_mutex_unlock(&g_park_mu);
+    Py_RETURN_NONE;
+}
+
+/* begin_flush(): the window opens again (the writer closed it for a wait of its own that
+   needs no GIL: a dump barrier) */
+static PyObject *Buffer_begin_flush(BufferObject *self, PyObject *unused) {
+    window_open();
     Py_RETURN_NONE;
 }
 
@@ -403,12 +448,16 @@ static PyObject *Buffer_parks(BufferObject *self, PyObject *unused) {
                          g_park_ns * 1e-9);
 }
 
-/* In a forked child: no thread of the parent's is left to close the window or hold its lock. */
-static void window_after_fork(void) {
+/* fork: the forking thread holds the window's lock across fork() (pthread_atfork), so that
+   the child never inherits it locked by a thread it lacks; the child starts with the window
+   closed and its counts at zero, before any at-fork hook of Python's can record a row. */
+static void window_prefork(void) { pthread_mutex_lock(&g_park_mu); }
+static void window_parent(void) { pthread_mutex_unlock(&g_park_mu); }
+static void window_child(void) {
     pthread_mutex_init(&g_park_mu, NULL);
-    pthread_cond_init(&g_park_cv, NULL);
-    pthread_cond_init(&g_wake_cv, NULL);
-    g_flushing = g_woken = 0;
+    window_init();
+    set_flushing(0);
+    g_yield_asked = 0;
     g_parks = g_park_timeouts = g_park_ns = 0;
 }
 
@@ -635,6 +684,8 @@ static PyMethodDef Buffer_methods[] = {
     {"wake", (PyCFunction)Buffer_wake, METH_NOARGS, "wait() returns now"},
     {"end_flush", (PyCFunction)Buffer_end_flush, METH_NOARGS,
      "the flush window closes: the recording threads waiting for it go on"},
+    {"begin_flush", (PyCFunction)Buffer_begin_flush, METH_NOARGS,
+     "the flush window opens again (after a wait of the writer's that needs no GIL)"},
     {"parks", (PyCFunction)Buffer_parks, METH_NOARGS,
      "(waits, waits cut short, seconds waited) of recording threads for the writer's flushes"},
     {"mark_writer", (PyCFunction)Buffer_mark_writer, METH_O,
@@ -4179,7 +4230,6 @@ static PyObject *init(PyObject *self, PyObject *args, PyObject *kw) {
 }
 
 static PyObject *after_fork_child(PyObject *self, PyObject *unused) {
-    window_after_fork();
     if (g_buffer) {
         g_buffer->n_ops = g_buffer->n_descs = 0;
         PyObject *n = PyList_New(0);
@@ -5356,6 +5406,14 @@ PyMODINIT_FUNC PyInit__native(void) {
                 {&str_index, "index"}};
     for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
         if (!(*strs[i].p = PyUnicode_InternFromString(strs[i].s))) return NULL;
+    if (window_init() != 0) {
+        PyErr_SetString(PyExc_OSError, "pprobe: the flush window's condition variables");
+        return NULL;
+    }
+    if (pthread_atfork(window_prefork, window_parent, window_child) != 0) {
+        PyErr_SetString(PyExc_OSError, "pprobe: pthread_atfork for the flush window");
+        return NULL;
+    }
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     if (PyModule_AddIntConstant(m, "API", PPROBE_NATIVE_API) < 0 ||

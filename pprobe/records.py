@@ -316,6 +316,11 @@ class Buffer:
         self.flushing = False
         self._done.set()
 
+    def begin_flush(self) -> None:
+        """The window opens again (closed for a wait of the writer's that needs no GIL)."""
+        self._done.clear()
+        self.flushing = True
+
     def parks(self) -> tuple[int, int, float]:
         """(waits, waits cut short by PARK_MAX_S, seconds waited) of the recording threads."""
         a, b, c = self._parks

@@ -77,6 +77,7 @@ class Writer:
         self.lock = threading.Lock()
         self.stopping = False
         self.fork_pending = False
+        self._window: Any = None  # the buffer whose flush window this thread holds open
         self._fork_locked = False
         self.sinks: dict[str, Any] = {}
         self.thread: threading.Thread | None = None
@@ -126,10 +127,12 @@ class Writer:
                 # row wait for this flush instead of contending with it for the GIL
                 # (records.Buffer.wait, pprobe/_native.c "the writer's flush window").
                 buf.wait(self.flush_seconds)
+                self._window = buf
                 try:
                     if not self.stopping:
                         self.flush()
                 finally:
+                    self._window = None
                     buf.end_flush()
         except BaseException as e:  # the writer thread must not die silently
             self.failed = True
@@ -224,7 +227,7 @@ class Writer:
                 # The rows may point to dumps still queued: wait until they are on disk, so
                 # that a row in the log never points to a file that is not (yet) there.
                 dumper = recorder._dumper
-                self._failed_dumps = dumper.barrier() if dumper is not None else {}
+                self._failed_dumps = self._barrier(dumper) if dumper is not None else {}
                 ops, tensors = self._to_batches(heads, descs, objs, n)
                 stacks = self._stacks_batch()
                 if stacks is not None:  # before the ops rows that name them
@@ -242,6 +245,19 @@ class Writer:
                 buf.recycle(heads, descs)  # the memory of the next batches (no page faults)
             except Exception as e:
                 _report.internal_error("recycling the record buffer", e)
+
+    def _barrier(self, dumper: Any) -> dict:
+        """dumper.barrier() (wait until the queued dumps are on disk) with the flush window
+        closed: the program's threads go on while the dump writer writes, which can take
+        long (big arrays); the window opens again before the rest of the flush."""
+        window = self._window
+        if window is None:
+            return dumper.barrier()  # type: ignore[no-any-return]
+        window.end_flush()
+        try:
+            return dumper.barrier()  # type: ignore[no-any-return]
+        finally:
+            window.begin_flush()
 
     def log_writer(self) -> tuple[str, str]:
         """(who encodes this process's shards, why): ``pprobe`` (:mod:`pprobe.arrowipc`) or
@@ -402,7 +418,7 @@ class Writer:
                 paths[d] = p
         # Dumps resolved just now were queued after the flush's wait: wait once more for them.
         dumper = recorder._dumper
-        failed = dumper.barrier() if queued and dumper is not None else self._failed_dumps
+        failed = self._barrier(dumper) if queued and dumper is not None else self._failed_dumps
         if failed:
             for d in with_path:
                 if paths[d] in failed:  # the dump writer could not write it

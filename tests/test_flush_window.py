@@ -5,9 +5,12 @@ buffered. In-process tests of both buffers, then a program through the bootstrap
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import meta, run_script, sql
@@ -22,11 +25,18 @@ except ImportError:  # the Python engine's CI leg without a compiler
     NATIVE_BUILT = False
 
 
-def _buffers() -> list[object]:
-    out: list[object] = [records.Buffer()]
-    if NATIVE_BUILT:
-        out.append(_native.Buffer())
-    return out
+def _kinds() -> list[str]:
+    return ["python", "native"] if NATIVE_BUILT else ["python"]
+
+
+@pytest.fixture(params=_kinds())
+def buf(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh buffer of either engine; the window (process-wide in the native core) is
+    closed and every waiter woken at the end, whatever the test did."""
+    b = records.Buffer() if request.param == "python" else _native.Buffer()
+    yield b
+    b.wake()
+    b.end_flush()
 
 
 def _row(seq: int) -> tuple[bytes, bytes, None]:
@@ -34,95 +44,153 @@ def _row(seq: int) -> tuple[bytes, bytes, None]:
     return head, descs, None
 
 
-def _waiter(buf: object, timeout: float) -> tuple[threading.Thread, list]:
+def _waiter(buf: Any, timeout: float) -> tuple[threading.Thread, list]:
     got: list = []
 
     def run() -> None:
-        got.append(buf.wait(timeout))  # type: ignore[attr-defined]
+        got.append(buf.wait(timeout))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t, got
 
 
-@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
-def test_an_idle_writer_keeps_waiting_until_woken(buf: object) -> None:
+def _open(buf: Any) -> None:
+    """Open the flush window as the writer does (a row buffered, the wait timed out). The
+    native core also asks the main thread (this test's) to wait for the flush at its next
+    safe point: let that happen (it is cut short at PARK_MAX_S) before counting."""
+    buf.append(*_row(0))
+    t, got = _waiter(buf, 0.01)
+    t.join(5)
+    assert got == [False]  # the timeout, not a wake
+    for _ in range(1000):  # safe points: a pending call runs at one of them
+        pass
+
+
+def test_an_idle_writer_keeps_waiting_until_woken(buf: Any) -> None:
     """Nothing buffered: the timeout does not end the wait (the writer would take the GIL for
     nothing); wake() does, and says so."""
     t, got = _waiter(buf, 0.01)
     t.join(0.2)
     assert t.is_alive() and not got  # 20 timeouts passed, nothing to flush
-    buf.wake()  # type: ignore[attr-defined]
+    buf.wake()
     t.join(5)
     assert got == [True]
-    buf.end_flush()  # type: ignore[attr-defined]
+    buf.end_flush()
 
 
-@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
-def test_the_timeout_ends_the_wait_when_rows_are_buffered(buf: object) -> None:
-    buf.append(*_row(0))  # type: ignore[attr-defined]
+def test_the_timeout_ends_the_wait_when_rows_are_buffered(buf: Any) -> None:
+    buf.append(*_row(0))
     t, got = _waiter(buf, 0.01)
     t.join(5)
     assert got == [False]  # the timeout, not a wake
-    buf.end_flush()  # type: ignore[attr-defined]
+    buf.end_flush()
 
 
-@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
-def test_a_recording_thread_waits_for_the_flush(buf: object) -> None:
+def test_a_recording_thread_waits_for_the_flush(buf: Any) -> None:
     """In the window, a thread that appends a row waits (its row is in first); after
     end_flush() appends go on without waiting. The writer thread itself never waits."""
-    w0, cut0, s0 = buf.parks()  # type: ignore[attr-defined]
-    buf.append(*_row(0))  # type: ignore[attr-defined]
-    t, got = _waiter(buf, 0.01)
-    t.join(5)
-    assert got == [False]  # the window is open now
+    _open(buf)
+    w0, cut0, s0 = buf.parks()
     appended = threading.Event()
 
     def record() -> None:
-        buf.append(*_row(1))  # type: ignore[attr-defined]
+        buf.append(*_row(1))
         appended.set()
 
     r = threading.Thread(target=record)
     r.start()
-    time.sleep(0.002)
-    n_during = len(buf)  # type: ignore[arg-type]
-    buf.end_flush()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5
+    while len(buf) < 2 and time.monotonic() < deadline:  # the row goes in, then it waits
+        time.sleep(0.0005)
+    buf.end_flush()
     r.join(5)
-    assert appended.is_set() and n_during == 2  # the row went in before the thread waited
-    w1, cut1, s1 = buf.parks()  # type: ignore[attr-defined]
+    assert appended.is_set() and len(buf) == 2
+    w1, cut1, s1 = buf.parks()
     assert w1 == w0 + 1 and cut1 - cut0 in (0, 1) and s1 > s0
 
-    buf.append(*_row(2))  # type: ignore[attr-defined]  (the window is closed)
-    assert buf.parks()[0] == w1  # type: ignore[attr-defined]
+    buf.append(*_row(2))  # the window is closed
+    assert buf.parks()[0] == w1
 
-    t, got = _waiter(buf, 0.01)  # open it again: the writer's own appends never wait
-    t.join(5)
-    prev = buf.mark_writer(True)  # type: ignore[attr-defined]
+    _open(buf)  # again: the writer's own appends never wait
+    w1 = buf.parks()[0]
+    prev = buf.mark_writer(True)
     try:
-        buf.append(*_row(3))  # type: ignore[attr-defined]
+        buf.append(*_row(3))
     finally:
-        buf.mark_writer(prev)  # type: ignore[attr-defined]
-        buf.end_flush()  # type: ignore[attr-defined]
-    assert buf.parks()[0] == w1  # type: ignore[attr-defined]
-    assert buf.take()[3] == 4  # type: ignore[attr-defined]
+        buf.mark_writer(prev)
+        buf.end_flush()
+    assert buf.parks()[0] == w1
+    assert buf.take()[3] == 5
 
 
-@pytest.mark.parametrize("buf", _buffers(), ids=lambda b: type(b).__module__)
-def test_a_window_left_open_holds_a_thread_back_for_a_bounded_time(buf: object) -> None:
+def test_a_window_left_open_holds_a_thread_back_for_a_bounded_time(buf: Any) -> None:
     """A writer that never closes its window (stuck, or dead mid-flush) delays a recording
     thread by at most PARK_MAX_S a row."""
-    buf.append(*_row(0))  # type: ignore[attr-defined]
-    t, _ = _waiter(buf, 0.01)
-    t.join(5)
-    w0, cut0, _ = buf.parks()  # type: ignore[attr-defined]
+    _open(buf)
+    w0, cut0, _ = buf.parks()
     t0 = time.monotonic()
     for i in range(3):
-        buf.append(*_row(i + 1))  # type: ignore[attr-defined]
+        buf.append(*_row(i + 1))
     took = time.monotonic() - t0
-    buf.end_flush()  # type: ignore[attr-defined]
-    w1, cut1, _ = buf.parks()  # type: ignore[attr-defined]
+    buf.end_flush()
+    w1, cut1, _ = buf.parks()
     assert (w1 - w0, cut1 - cut0) == (3, 3)
     assert 3 * records.PARK_MAX_S * 0.9 <= took < 5
+
+
+def test_a_wake_is_for_its_own_buffer(buf: Any) -> None:
+    """wake() ends the wait on that buffer only (a session's wake left over, or another
+    buffer's, never cuts an idle writer's wait short)."""
+    other = records.Buffer() if isinstance(buf, records.Buffer) else _native.Buffer()
+    other.wake()
+    t, got = _waiter(buf, 0.01)
+    t.join(0.1)
+    assert t.is_alive() and not got
+    buf.wake()
+    t.join(5)
+    assert got == [True]
+
+
+def test_the_window_closes_for_a_barrier_and_opens_again(buf: Any) -> None:
+    """end_flush() then begin_flush(): what the writer does around a dump barrier."""
+    _open(buf)
+    buf.end_flush()
+    w0 = buf.parks()[0]
+    buf.append(*_row(1))  # closed: no wait
+    assert buf.parks()[0] == w0
+    buf.begin_flush()
+    for _ in range(1000):  # the native core's pending call to the main thread
+        pass
+    w1 = buf.parks()[0]
+    r = threading.Thread(target=buf.append, args=_row(2))
+    r.start()
+    r.join(5)  # cut short at PARK_MAX_S at the latest
+    assert buf.parks()[0] == w1 + 1
+
+
+@pytest.mark.skipif(not NATIVE_BUILT or not hasattr(os, "fork"), reason="native core, fork")
+def test_a_child_forked_during_a_flush_starts_with_the_window_closed() -> None:
+    b = _native.Buffer()
+    try:
+        _open(b)
+        pid = os.fork()
+        if pid == 0:  # the child: its appends never wait, its counts start at zero
+            code = 0
+            try:
+                t0 = time.monotonic()
+                for i in range(5):
+                    b.append(*_row(i))
+                if b.parks() != (0, 0, 0.0) or time.monotonic() - t0 > 0.04:
+                    code = 3
+            except BaseException:
+                code = 4
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        b.wake()
+        b.end_flush()
 
 
 BUSY = """
@@ -154,3 +222,35 @@ def test_rows_recorded_while_the_writer_flushes_are_all_in_the_log(tmp_path: Pat
     waits = meta(r.run_dir)["core"]["flush_waits"]
     assert waits["waits"] >= 1 and waits["seconds"] > 0
     assert 0 <= waits["cut_short"] <= waits["waits"]
+
+
+QUIET_MAIN = """
+import time
+import numpy as np
+
+np.add(np.ones(3), 1.0)  # one row buffered: the writer's timer has something to flush
+t_end = time.monotonic() + 1.5
+n = 0
+while time.monotonic() < t_end:  # pure Python: the main thread appends no row from here on
+    n += 1
+print("done")
+"""
+
+
+def test_a_main_thread_that_records_nothing_still_makes_way_for_the_flush(
+    tmp_path: Path,
+) -> None:
+    """The native core also asks the main thread to wait for a flush at its next safe point
+    (a pending call), so that a main thread busy in Python with nothing to record (an import,
+    a pure-Python loop) does not race the writer for the GIL. The Python engine has no such
+    hook: there the count stays 0."""
+    r = run_script(tmp_path, QUIET_MAIN, env={"PPROBE_MODE": "log", "PPROBE_FLUSH_SECONDS": "0.05"})
+    assert r.rc == 0 and r.out.strip() == "done", r.err
+    m = meta(r.run_dir)
+    waits = m["core"]["flush_waits"]
+    if m["core"]["engine"] == "native":
+        assert waits["waits"] >= 1
+    else:
+        assert waits["waits"] == 0
+    (n,) = sql(r.run_dir, "SELECT count(*) AS n FROM ops WHERE op = 'numpy.add'")
+    assert n["n"] == 1
