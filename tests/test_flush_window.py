@@ -6,6 +6,9 @@ buffered. In-process tests of both buffers, then a program through the bootstrap
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import meta, run_script, sql
+from helpers import BOOTSTRAP, clean_env, meta, run_script, sql
 
 from pprobe import records
 
@@ -254,3 +257,49 @@ def test_a_main_thread_that_records_nothing_still_makes_way_for_the_flush(
         assert waits["waits"] == 0
     (n,) = sql(r.run_dir, "SELECT count(*) AS n FROM ops WHERE op = 'numpy.add'")
     assert n["n"] == 1
+
+
+SIGNALS = """
+import os, signal, time
+import numpy as np
+
+got = []
+signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+a = np.ones(4)
+t_end = time.monotonic() + 1.0
+i = 0
+while time.monotonic() < t_end:  # flushes every 10 ms or 256 rows, Python in between
+    i += 1
+    if i % 50 == 0:
+        a = np.add(a, 1.0)
+    if i % 20000 == 0:
+        os.kill(os.getpid(), signal.SIGUSR1)
+print(len(got) > 0, flush=True)
+while True:  # until the test's SIGINT
+    a = np.add(a, 1.0)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_signals_act_as_before_while_the_writer_flushes(tmp_path: Path) -> None:
+    """A handler runs and Ctrl-C ends the program the same way, while flush windows open
+    every few milliseconds (and the main thread is asked to yield in them)."""
+    script = tmp_path / "sig.py"
+    script.write_text(SIGNALS)
+    outcomes = []
+    for probe in (False, True):
+        env = clean_env(PPROBE_OUTPUT=str(tmp_path / "out"), PPROBE_MODE="log")
+        if probe:
+            env.update(PYTHONPATH=str(BOOTSTRAP), PPROBE_FLUSH_SECONDS="0.01",
+                       PPROBE_FLUSH_ROWS="256")  # fmt: skip
+        p = subprocess.Popen([sys.executable, str(script)], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        assert p.stdout is not None and p.stderr is not None
+        line = p.stdout.readline().strip()
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=30)
+        err = p.stderr.read().strip().splitlines()
+        outcomes.append((line, rc, err[-1] if err else ""))
+    assert outcomes[0] == ("True", -signal.SIGINT, "KeyboardInterrupt")  # as Python does
+    assert outcomes[1] == outcomes[0]
