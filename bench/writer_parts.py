@@ -1,7 +1,7 @@
 """The log writer's CPU per op row, part by part, on a program's rows (issue #9: the writer's
 CPU per row <= 1 us).
 
-python -m bench.writer_parts [--rounds 8] [--workload scipy|numpy] [--iters N]
+python -m bench.writer_parts [--rounds 8] [--workload scipy|numpy|torch] [--iters N]
                              [--tree DIR ...] [--engine native|python] [--json FILE]
 
 Each measure is a child process run through the bootstrap of a pprobe tree (``--tree``,
@@ -16,7 +16,9 @@ flushes run as in a real run (``PPROBE_FLUSH_SECONDS`` at its default, batches o
 
 Workloads: ``scipy``, the SciPy loop of ``python -m bench`` (``scipy.linalg.solve`` and
 ``scipy.signal.lfilter``: rows with arguments, several ranks, ~25 op rows an iteration);
-``numpy``, ``np.add`` on 10 elements (one op, every column constant in a batch). Trees are
+``numpy``, ``np.add`` on 10 elements (one op, every column constant in a batch); ``torch``,
+the torch MLP of ``python -m bench`` (SGD steps of a 128-256-256-10 MLP, api level: ~13 op
+rows a step with three tensors each and arguments). Trees are
 interleaved round by round; the figures are medians over the rounds. Parts nest
 (``_to_batches`` holds ``_args``, ``_shapes``, ``strings``...; ``flush`` holds all).
 """
@@ -77,6 +79,19 @@ if workload == "scipy":
     for _ in range(iters):
         scipy.linalg.solve(A, rhs)
         scipy.signal.lfilter(bc, ac, sig)
+elif workload == "torch":
+    import torch
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    m = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                            torch.nn.ReLU(), torch.nn.Linear(256, 10))  # fmt: skip
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    x, y = torch.randn(64, 128), torch.randint(0, 10, (64,))
+    for _ in range(iters):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
 else:
     a, b = np.arange(10.0), np.ones(10)
     for _ in range(iters):
@@ -107,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.writer_parts", description=__doc__.split("\n")[0]
     )
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--workload", choices=("scipy", "numpy"), default="scipy")
-    p.add_argument("--iters", type=int, help="default: 4,050 (scipy), 300,000 (numpy)")
+    p.add_argument("--workload", choices=("scipy", "numpy", "torch"), default="scipy")
+    p.add_argument(
+        "--iters", type=int, help="default: 4,050 (scipy), 300,000 (numpy), 2,000 (torch)"
+    )
     p.add_argument("--tree", action="append", help="a pprobe checkout (default: this one)")
     p.add_argument("--engine", choices=("native", "python"), default="native")
     p.add_argument("--json", help="write every run's figures to this file")
     a = p.parse_args(argv)
     from .harness import median, rotate_rounds
 
-    iters = a.iters or (4050 if a.workload == "scipy" else 300_000)
+    iters = a.iters or {"scipy": 4050, "numpy": 300_000, "torch": 2000}[a.workload]
     trees = a.tree or [str(REPO)]
     runs = rotate_rounds(trees, a.rounds,
                          lambda t, out: measure(t, a.workload, iters, a.engine, out),
