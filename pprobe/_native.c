@@ -265,6 +265,7 @@ static double mono_s(void) {
 }
 
 #define FULL_WAIT_MAX_S 60.0
+static void wake_writer(BufferObject *b);
 
 /* The buffer is full. 1: there is room now; 0: drop this row (counted). */
 static int buffer_full(BufferObject *b) {
@@ -275,11 +276,7 @@ static int buffer_full(BufferObject *b) {
     }
     double until = mono_s() + FULL_WAIT_MAX_S;
     while ((Py_ssize_t)b->n_ops >= b->max_rows) {
-        if (py_wake && py_wake != Py_None) {
-            PyObject *r = PyObject_CallNoArgs(py_wake);
-            if (!r) PyErr_Clear();
-            Py_XDECREF(r);
-        }
+        wake_writer(b);
         Py_BEGIN_ALLOW_THREADS;
         struct timespec ts = {0, 200000};
         nanosleep(&ts, NULL);
@@ -424,6 +421,17 @@ static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
     pthread_cond_broadcast(&g_wake_cv); /* the cond is shared: wake every waiter to look */
     pthread_mutex_unlock(&g_park_mu);
     Py_RETURN_NONE;
+}
+
+/* The writer's wake from the recording path (configure's wake: set while a writer runs), in C:
+   writer.wake() is this buffer's wake(), and a Python call here would be a place where a
+   signal handler's exception (Ctrl-C's KeyboardInterrupt) could be raised and lost. */
+static void wake_writer(BufferObject *b) {
+    if (!py_wake || py_wake == Py_None) return;
+    pthread_mutex_lock(&g_park_mu);
+    b->woken = 1;
+    pthread_cond_broadcast(&g_wake_cv);
+    pthread_mutex_unlock(&g_park_mu);
 }
 
 /* end_flush(): the flush window closes; the threads waiting for it go on */
@@ -722,10 +730,40 @@ static inline int64_t now_ns(void) {
 }
 
 /* Report a failure inside pprobe (the current exception) once, and clear it. */
+/* A KeyboardInterrupt or SystemExit that reaches pprobe's own code on the main thread was
+ * raised there by a signal handler (Ctrl-C, a handler calling sys.exit) at the first bytecode
+ * pprobe's helper ran: it is the program's, not a failure of pprobe's. It is raised again at
+ * the program's next bytecode (a pending call that fails with it), as it would have been
+ * without the probe, instead of being reported and lost. */
+static PyObject *g_kept_t = NULL, *g_kept_v = NULL, *g_kept_tb = NULL;
+static unsigned long g_main_ident = 0;
+
+static int raise_kept(void *unused) {
+    if (!g_kept_v) return 0;
+    PyErr_Restore(g_kept_t, g_kept_v, g_kept_tb);
+    g_kept_t = g_kept_v = g_kept_tb = NULL;
+    return -1;
+}
+
+static int keep_for_program(PyObject *t, PyObject *v, PyObject *tb) { /* steals on 1 */
+    if (!v || PyObject_IsInstance(v, PyExc_Exception) != 0 || g_kept_v ||
+        PyThread_get_thread_ident() != g_main_ident)
+        return 0;
+    g_kept_t = t;
+    g_kept_v = v;
+    g_kept_tb = tb;
+    if (Py_AddPendingCall(raise_kept, NULL) < 0) {
+        g_kept_t = g_kept_v = g_kept_tb = NULL;
+        return 0;
+    }
+    return 1;
+}
+
 static void report(const char *where) {
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
     PyErr_NormalizeException(&t, &v, &tb);
+    if (keep_for_program(t, v, tb)) return;
     if (py_error && v) {
         long saved = tl_depth;
         tl_depth = INTERNAL;
@@ -2910,12 +2948,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     rec.n_descs = (int32_t)ds.n;
     if (buffer_append(g_buffer, &rec, ds.d, ds.n, ds.objs, ds.nobj) < 0) goto fail_after;
     descs_free(&ds);
-    if (!(seq & 1023) && (Py_ssize_t)g_buffer->n_ops >= g_flush_rows && py_wake &&
-        py_wake != Py_None) {
-        PyObject *r = PyObject_CallNoArgs(py_wake);
-        if (!r) PyErr_Clear();
-        Py_XDECREF(r);
-    }
+    if (!(seq & 1023) && (Py_ssize_t)g_buffer->n_ops >= g_flush_rows) wake_writer(g_buffer);
     tl_depth = depth;
     if (exc_t) PyErr_Restore(exc_t, exc_v, exc_tb);
     return result;
@@ -4205,6 +4238,14 @@ static PyObject *init(PyObject *self, PyObject *args, PyObject *kw) {
                                      &nt, &imf, &PyTuple_Type, &idxs, &PyList_Type, &ops, &s_ok,
                                      &s_input, &s_output, &s_cpu, &s_idx0))
         return NULL;
+    PyObject *mt = PyImport_ImportModule("threading"); /* imported already, by pprobe.state */
+    PyObject *main = mt ? PyObject_CallMethod(mt, "main_thread", NULL) : NULL;
+    PyObject *ident = main ? PyObject_GetAttrString(main, "ident") : NULL;
+    if (ident && PyLong_Check(ident)) g_main_ident = PyLong_AsUnsignedLong(ident);
+    Py_XDECREF(mt);
+    Py_XDECREF(main);
+    Py_XDECREF(ident);
+    if (PyErr_Occurred()) return NULL;
     Py_XSETREF(py_begin, Py_NewRef(beg));
     Py_XSETREF(py_end, Py_NewRef(end));
     Py_XSETREF(py_not_a_row, Py_NewRef(nar));
@@ -5406,6 +5447,7 @@ PyMODINIT_FUNC PyInit__native(void) {
                 {&str_index, "index"}};
     for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
         if (!(*strs[i].p = PyUnicode_InternFromString(strs[i].s))) return NULL;
+    g_main_ident = PyThread_get_thread_ident(); /* refined by init(): threading's main thread */
     if (window_init() != 0) {
         PyErr_SetString(PyExc_OSError, "pprobe: the flush window's condition variables");
         return NULL;

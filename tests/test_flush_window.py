@@ -260,8 +260,10 @@ def test_a_main_thread_that_records_nothing_still_makes_way_for_the_flush(
 
 
 SIGNALS = """
-import os, signal, time
+import faulthandler, os, signal, time
 import numpy as np
+
+faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test's view of a hang
 
 got = []
 signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
@@ -298,7 +300,13 @@ def test_signals_act_as_before_while_the_writer_flushes(tmp_path: Path) -> None:
         line = p.stdout.readline().strip()
         time.sleep(0.2)
         p.send_signal(signal.SIGINT)
-        rc = p.wait(timeout=30)
+        try:
+            rc = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # the stacks of every thread, then the failure
+            p.send_signal(signal.SIGUSR2)
+            time.sleep(1)
+            p.kill()
+            pytest.fail(f"probe={probe}: Ctrl-C did not end the program:\n{p.communicate()[1]}")
         err = p.stderr.read().strip().splitlines()
         outcomes.append((line, rc, err[-1] if err else ""))
     assert outcomes[0] == ("True", -signal.SIGINT, "KeyboardInterrupt")  # as Python does
