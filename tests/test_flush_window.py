@@ -264,6 +264,9 @@ import faulthandler, os, signal, time
 import numpy as np
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test's view of a hang
+# Python leaves SIGINT alone when it starts ignored (a CI job run in the background): the
+# program installs Python's own Ctrl-C handler, as a terminal would have it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 got = []
 signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
