@@ -415,11 +415,15 @@ static PyObject *Buffer_wait(BufferObject *self, PyObject *arg) {
 }
 
 /* wake(): this buffer's writer's wait() returns now (a flush is due, or the writer stops) */
-static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
+static void wake_buffer(BufferObject *b) {
     pthread_mutex_lock(&g_park_mu);
-    self->woken = 1;
+    b->woken = 1;
     pthread_cond_broadcast(&g_wake_cv); /* the cond is shared: wake every waiter to look */
     pthread_mutex_unlock(&g_park_mu);
+}
+
+static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
+    wake_buffer(self);
     Py_RETURN_NONE;
 }
 
@@ -427,11 +431,7 @@ static PyObject *Buffer_wake(BufferObject *self, PyObject *unused) {
    writer.wake() is this buffer's wake(), and a Python call here would be a place where a
    signal handler's exception (Ctrl-C's KeyboardInterrupt) could be raised and lost. */
 static void wake_writer(BufferObject *b) {
-    if (!py_wake || py_wake == Py_None) return;
-    pthread_mutex_lock(&g_park_mu);
-    b->woken = 1;
-    pthread_cond_broadcast(&g_wake_cv);
-    pthread_mutex_unlock(&g_park_mu);
+    if (py_wake && py_wake != Py_None) wake_buffer(b);
 }
 
 /* end_flush(): the flush window closes; the threads waiting for it go on */
