@@ -171,6 +171,50 @@ def test_records_round_trip_to_arrow(buf: object, tmp_path: Path) -> None:
     ]  # fmt: skip
 
 
+def test_the_python_buffer_cuts_its_rows_as_slicing_each_row_does() -> None:
+    """records.Buffer.take cuts the rows it joined with NumPy (records._split): its op and
+    desc records and its objects are those of slicing every row at OP_SIZE, with each row's
+    object indices moved past the objects of the rows before it."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    op_dt, desc_dt = records.numpy_dtypes()
+    for trial in range(60):
+        buf = records.Buffer()
+        want_h, want_d, want_objs = [], [], []
+        for _ in range(int(rng.integers(1, 40))):
+            nd = int(rng.integers(0, 4))  # rows without a desc record too
+            op = np.zeros(1, op_dt)
+            ds = np.zeros(nd, desc_dt)
+            op["seq"] = rng.integers(0, 1 << 40)
+            op["n_descs"] = nd
+            kind = int(rng.integers(0, 3)) if trial else 0  # trial 0: bytes rows only
+            objs = None if kind == 0 else () if kind == 1 else tuple(rng.integers(0, 9, 3))
+            top = len(objs) if objs else 0  # a row's object indices: its own objects, or -1
+            for f in records.OP_OBJ_FIELDS:
+                op[f] = rng.integers(-1, top) if top else -1
+            for f in records.DESC_OBJ_FIELDS:
+                ds[f] = rng.integers(-1, top, nd) if top else -1
+            ds["ndim"] = rng.integers(0, 9, nd)
+            buf.append(op.tobytes(), ds.tobytes(), objs)
+            base = len(want_objs)
+            if objs:  # the indices the writer sees are absolute
+                for f in records.OP_OBJ_FIELDS:
+                    op[f] = np.where(op[f] >= 0, op[f] + base, op[f])
+                for f in records.DESC_OBJ_FIELDS:
+                    ds[f] = np.where(ds[f] >= 0, ds[f] + base, ds[f])
+                want_objs.extend(objs)
+            want_h.append(op.tobytes())
+            want_d.append(ds.tobytes())
+        n_rows = len(buf)
+        heads, descs, objs_got, n = buf.take()
+        assert n == n_rows and len(buf) == 0
+        assert np.frombuffer(heads, op_dt).tobytes() == b"".join(want_h), trial
+        assert np.frombuffer(descs, desc_dt).tobytes() == b"".join(want_d), trial
+        assert objs_got == want_objs, trial
+    assert records.Buffer().take() == (b"", b"", [], 0)
+
+
 SHAPES = [(), (5,), (2, 3), (1, 1, 1, 1, 1, 1, 1, 1), (4, 0, 7), (9,), (2**40, 3)]
 
 
