@@ -371,3 +371,28 @@ def test_native_stats_of_contiguous_float_runs_equal_numpys(i: int) -> None:
     close(_dumpio.stats(a), expected(a), (a.dtype, a.shape))
     t = torch.from_numpy(np.ascontiguousarray(a))
     close(tv.native_cpu_stats(t), expected(a), "a tensor, read from its memory")
+
+
+def _bool_runs() -> list[np.ndarray]:
+    """Contiguous bool runs for _dumpio.c's count_true (32 bytes a step, each lane counting
+    in a byte for at most 255 steps): lengths around the step and the 255-step bound, any
+    byte value (NumPy reads any byte but 0 as true), all false, all true."""
+    rng = np.random.default_rng(13)
+    out = []
+    for n in (1, 31, 32, 33, 255 * 32 - 1, 255 * 32, 255 * 32 + 1, 3 * 255 * 32 + 45):
+        raw = rng.integers(1, 256, n).astype(np.uint8)
+        raw[rng.random(n) < 0.4] = 0
+        out.append(raw.view(bool))
+    out += [np.zeros(255 * 32 + 7, bool), np.ones(2 * 255 * 32 + 64, bool)]
+    return out
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native statistics")
+@pytest.mark.parametrize("i", range(len(_bool_runs())))
+def test_native_stats_of_contiguous_bool_runs_count_every_true_byte(i: int) -> None:
+    from pprobe import _dumpio
+
+    a = _bool_runs()[i]
+    got = _dumpio.stats(a)
+    close(got, expected(a.view(np.uint8) != 0), a.shape)
+    assert got[2] == np.count_nonzero(a.view(np.uint8)) / a.size  # the mean: count / n, exact
