@@ -1396,7 +1396,8 @@ typedef struct {
 
 /* a block's count, mean, sum of squared deviations, min and max into the running statistics
  * (Chan et al.'s pairwise combination) */
-static void acc_merge(Acc *acc, double bn, double bm, double bm2, double mn, double mx) {
+static inline __attribute__((always_inline)) void acc_merge(Acc *acc, double bn, double bm,
+                                                          double bm2, double mn, double mx) {
     if (acc->n == 0) {
         acc->n = bn;
         acc->mean = bm;
