@@ -759,6 +759,28 @@ static int keep_for_program(PyObject *t, PyObject *v, PyObject *tb) { /* steals 
     return 1;
 }
 
+/* Clear the current exception, if any, as a failure of pprobe's own that is not reported:
+ * every helper call whose failure pprobe shrugs off ends here. Unless it is the program's: a
+ * KeyboardInterrupt or SystemExit raised on the main thread by a signal handler at the first
+ * bytecode of a Python helper the core called (a name lookup, a description, a hook) goes
+ * back to the program through keep_for_program, as report() does. The common case, an
+ * Exception, is told by its type alone (no normalisation). */
+static void drop_error(void) {
+    PyObject *t = PyErr_Occurred();
+    if (!t) return;
+    if (PyErr_GivenExceptionMatches(t, PyExc_Exception)) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (keep_for_program(t, v, tb)) return;
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+}
+
 static void report(const char *where) {
     PyObject *t, *v, *tb;
     PyErr_Fetch(&t, &v, &tb);
@@ -769,7 +791,7 @@ static void report(const char *where) {
         tl_depth = INTERNAL;
         PyObject *r = PyObject_CallFunction(py_error, "sO", where, v);
         tl_depth = saved;
-        if (!r) PyErr_Clear();
+        if (!r) drop_error();
         Py_XDECREF(r);
     }
     Py_XDECREF(t);
@@ -830,7 +852,7 @@ static int opclass_at(PyCodeObject *code, int lasti) {
     Py_INCREF(bytes);
 #endif
     if (!bytes) {
-        PyErr_Clear();
+        drop_error();
         return K_CALL;
     }
     int k = K_CALL;
@@ -999,7 +1021,7 @@ static PyObject *as_caller(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (m == 0) {
             if (!dispatched) break;
             PyObject *fc = PyObject_GetAttrString(fn, "__code__");
-            if (!fc) PyErr_Clear();
+            if (!fc) drop_error();
             Py_XDECREF(fc); /* compared by identity only */
             if (fc != (PyObject *)code) break;
             dispatched = 0;
@@ -1148,7 +1170,7 @@ static int32_t descr_sid(PyObject *descr) {
             if (s) s->a = id;
         }
     }
-    PyErr_Clear();
+    drop_error();
     return (int32_t)id;
 }
 
@@ -1206,7 +1228,7 @@ static void take_tensor_getters(void) {
             PyObject *d = mro_lookup(tp, names[k]);
             if (!d || !Py_IS_TYPE(d, &PyGetSetDescr_Type) ||
                 !((PyGetSetDescrObject *)d)->d_getset->get) {
-                PyErr_Clear();
+                drop_error();
                 ok = 0;
                 break;
             }
@@ -1217,7 +1239,7 @@ static void take_tensor_getters(void) {
         /* a type lookup gives the type its version tag (assigned lazily) */
         PyObject *d = PyObject_GetAttr((PyObject *)tp, str_shape);
         Py_XDECREF(d);
-        PyErr_Clear();
+        drop_error();
         g->tp = tp;
         g->tag = tp->tp_version_tag;
         if (g->tag && PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) g_ntgetters++;
@@ -1260,13 +1282,13 @@ static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, in
         grad = is_cpu ? PyObject_GetAttr(x, str_requires_grad) : NULL;
     }
     if (!grad) {
-        PyErr_Clear(); /* nested tensors have no shape: the Python path */
+        drop_error(); /* nested tensors have no shape: the Python path */
         goto done;
     }
     if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > MAX_INLINE_DIMS) goto done;
     PyObject *dt = PyDict_GetItemWithError(torch_dtype_sids, dtype);
     if (!dt) {
-        PyErr_Clear();
+        drop_error();
         goto done;
     }
     Py_ssize_t nd = PyTuple_GET_SIZE(shape);
@@ -1276,7 +1298,7 @@ static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, in
         if (!PyLong_CheckExact(d)) goto done; /* a symbolic size */
         dims[i] = PyLong_AsLongLong(d);
         if (dims[i] == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
+            drop_error();
             goto done;
         }
     }
@@ -1287,13 +1309,13 @@ static int describe_tensor(Descs *ds, PyObject *x, int32_t role, int32_t idx, in
         PyObject *name = PyObject_CallOneArg(py_device_name, x);
         tl_depth = saved;
         if (!name) {
-            PyErr_Clear();
+            drop_error();
             goto done;
         }
         dev = sid_of(name);
         Py_DECREF(name);
         if (dev < 0) {
-            PyErr_Clear();
+            drop_error();
             goto done;
         }
     }
@@ -1479,7 +1501,7 @@ static int dview_take(PyObject *d, DView *out, Py_buffer *nbuf) {
 release:
     PyBuffer_Release(nbuf);
 no:
-    PyErr_Clear();
+    drop_error();
     return 0;
 }
 
@@ -1526,7 +1548,7 @@ static int smemo_mem(DescRec *r, PyObject *x, const void *addr, long long nbytes
     }
     *slot = e;
 out:
-    PyErr_Clear();
+    drop_error();
     Py_XDECREF(d);
     Py_XDECREF(dg);
     Py_XDECREF(mv);
@@ -1634,7 +1656,7 @@ static int smemo_tensor(DescRec *r, PyObject *x, stats_fn f) {
         if (g_tensor_mem(x, &addr, &nbytes, &nd, dims, &ts)) {
             if (smemo_mem(r, x, addr, nbytes, &slot, h)) return 1;
         } else {
-            PyErr_Clear();
+            drop_error();
         }
     }
     return smemo_stats(r, x, f, slot, h);
@@ -1714,7 +1736,7 @@ static int32_t idx_sid(Py_ssize_t i) {
     PyObject *name = PyUnicode_FromFormat("%zd", i);
     int32_t r = name ? sid_of(name) : -1;
     Py_XDECREF(name);
-    if (r < 0) PyErr_Clear();
+    if (r < 0) drop_error();
     return r;
 }
 
@@ -1792,7 +1814,7 @@ static int args_same(PyObject *a, PyObject *b) {
 static PyObject *args_interned(PyObject *t) {
     if (!args_atomic(t, 0)) return t;
     if (!g_args_intern && !(g_args_intern = PyDict_New())) {
-        PyErr_Clear();
+        drop_error();
         return t;
     }
     PyObject *c = PyDict_GetItemWithError(g_args_intern, t); /* borrowed */
@@ -1802,11 +1824,11 @@ static PyObject *args_interned(PyObject *t) {
         return Py_NewRef(c);
     }
     if (PyErr_Occurred()) {
-        PyErr_Clear();
+        drop_error();
         return t;
     }
     if (PyDict_GET_SIZE(g_args_intern) >= 4096) PyDict_Clear(g_args_intern);
-    if (PyDict_SetItem(g_args_intern, t, t) < 0) PyErr_Clear();
+    if (PyDict_SetItem(g_args_intern, t, t) < 0) drop_error();
     return t;
 }
 
@@ -1857,7 +1879,7 @@ static int int_tuple_pair(Descs *ds, PyObject *t, PyObject *idx) {
         long long x = PyLong_AsLongLongAndOverflow(e, &overflow);
         if (overflow) return 0;
         if (x == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
+            drop_error();
             return 0;
         }
         if (x >= -5 && x <= 256) small = 1;
@@ -1915,7 +1937,7 @@ static PyObject *clear_arg_texts(PyObject *self, PyObject *unused) {
 static int arg_text_put(PyObject *key, intptr_t k2, PyObject *text) {
     Slot2 *s = map2_put(&g_arg_texts, key, k2);
     if (!s) {
-        PyErr_Clear();
+        drop_error();
         return 0;
     }
     if (s->b) return 0; /* already there */
@@ -1941,7 +1963,7 @@ static void arg_text_learn(PyObject *x, PyObject *idx, PyObject *pair) {
         PyObject *r = PyObject_CallOneArg(py_shown_by_type, tp);
         by_type = r ? PyObject_IsTrue(r) == 1 : 0;
         Py_XDECREF(r);
-        PyErr_Clear();
+        drop_error();
     }
     PyObject *text = NULL;
     if (PyTuple_GET_ITEM(pair, 0) == Py_None && PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 1))) {
@@ -1950,7 +1972,7 @@ static void arg_text_learn(PyObject *x, PyObject *idx, PyObject *pair) {
         if (PyUnicode_GET_LENGTH(full) > k && PyUnicode_Tailmatch(full, idx, 0, k, -1) == 1 &&
             PyUnicode_READ_CHAR(full, k) == '=')
             text = PyUnicode_Substring(full, k + 1, PyUnicode_GET_LENGTH(full));
-        PyErr_Clear();
+        drop_error();
     }
     if (!st) arg_text_put(tp, 2, by_type ? text : NULL);
     if (text && !by_type) {
@@ -1959,7 +1981,7 @@ static void arg_text_learn(PyObject *x, PyObject *idx, PyObject *pair) {
             PyObject *key = PyLong_FromVoidPtr(x);
             immortal = key && PyDict_Contains(np_descr_sids, key) == 1;
             Py_XDECREF(key);
-            PyErr_Clear();
+            drop_error();
         }
         if (immortal) arg_text_put(x, 1, text);
     }
@@ -2004,7 +2026,7 @@ static int describe_arg(Descs *ds, PyObject *x, PyObject *idx_obj, int32_t idx, 
         if (!pair || !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
             /* an array, or the helper failed: the Python path */
             Py_XDECREF(pair);
-            PyErr_Clear();
+            drop_error();
             return 0;
         }
         arg_text_learn(x, idx_obj, pair);
@@ -2077,7 +2099,7 @@ static Py_ssize_t operator_op(int opclass, PyObject *ufunc, PyObject *const *arg
     PyObject *v = key ? PyDict_GetItemWithError(g_operator_ops, key) : NULL;
     if (v) found = PyLong_AsSsize_t(v);
     Py_XDECREF(key);
-    PyErr_Clear();
+    drop_error();
     s = map2_put(&g_operator_cache, ufunc, opclass * 2 + reflected);
     if (s) s->a = found + 2;
     return found;
@@ -2095,7 +2117,7 @@ static int op_uninit(Py_ssize_t opi) {
             PyObject *v = PyObject_GetAttrString(PyList_GET_ITEM(g_ops_list, opi), "uninit");
             u = v ? PyObject_IsTrue(v) == 1 : 0;
             Py_XDECREF(v);
-            PyErr_Clear();
+            drop_error();
         }
         oi->uninit = u ? 2 : 1;
     }
@@ -2144,7 +2166,7 @@ static PyObject *npy_head_text(PyObject *typestr, int fortran) {
 static PyObject *npy_head_of_descr(PyObject *descr, int fortran) {
     Slot2 *s = map2_find(&g_npy_heads, descr, fortran);
     if (!s && (descr_sid(descr) == -2 || !map2_find(&g_descrs, descr, 0))) {
-        PyErr_Clear(); /* not a builtin descriptor (only those are in g_descrs) */
+        drop_error(); /* not a builtin descriptor (only those are in g_descrs) */
         return Py_None;
     }
     if (!s) {
@@ -2157,13 +2179,13 @@ static PyObject *npy_head_of_descr(PyObject *descr, int fortran) {
         Py_XDECREF(kind);
         Py_XDECREF(str);
         if (!head) {
-            PyErr_Clear();
+            drop_error();
             head = Py_NewRef(Py_None);
         }
         s = map2_put(&g_npy_heads, descr, fortran);
         if (!s) {
             Py_DECREF(head);
-            PyErr_Clear();
+            drop_error();
             return Py_None;
         }
         s->a = (intptr_t)head; /* a builtin descriptor (static): its key is not held */
@@ -2342,7 +2364,7 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
     if (nbytes >= 64) {
         PyObject *memo = dmemo_get(src); /* taken with its statistics (smemo_mem) */
         digest = memo ? Py_NewRef(memo) : PyObject_CallOneArg(dg, x);
-        if (!digest) PyErr_Clear(); /* no buffer: not deduplicated, as Python's digest */
+        if (!digest) drop_error(); /* no buffer: not deduplicated, as Python's digest */
         else if (digest != Py_None) { /* digest + header, as Dumper._dump's key (bytes) */
             if (!PyBytes_Check(digest)) goto python;
             Py_ssize_t dl = PyBytes_GET_SIZE(digest), hl2 = PyBytes_GET_SIZE(header);
@@ -2420,11 +2442,11 @@ static PyObject *dump_fast(PyObject *x, PyObject *src, PyObject *header, Py_ssiz
     if (!out) goto fail;
     goto end;
 python: /* nothing was changed: the Python dumper takes this array */
-    PyErr_Clear();
+    drop_error();
     if (locked) {
         PyObject *rr = PyObject_CallNoArgs(v.release);
         Py_XDECREF(rr);
-        PyErr_Clear();
+        drop_error();
     }
     if (nbuf.obj) PyBuffer_Release(&nbuf);
     goto end;
@@ -2508,7 +2530,7 @@ static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
         PyObject *head = npy_head_text(typestr, 0);
         if (!head || !(s = map2_put(&g_tensor_heads, typestr, 0))) {
             Py_XDECREF(head);
-            PyErr_Clear();
+            drop_error();
             return NULL;
         }
         Py_INCREF(typestr); /* a str of _dumpio's table: held with its head */
@@ -2517,13 +2539,13 @@ static PyObject *tensor_dump_mem(PyObject *x, PyObject **header) {
     PyObject *h = npy_header_dims((PyObject *)s->a, nd, dims);
     if (!h || h == Py_None) {
         Py_XDECREF(h);
-        PyErr_Clear();
+        drop_error();
         return NULL;
     }
     PyObject *mv = PyMemoryView_FromMemory((char *)addr, nbytes, PyBUF_READ);
     if (!mv) {
         Py_DECREF(h);
-        PyErr_Clear();
+        drop_error();
         return NULL;
     }
     *header = h;
@@ -2552,7 +2574,7 @@ static PyObject *scalar_dump_mem(PyObject *x, PyObject **header) {
             Py_CLEAR(mv);
         }
     }
-    PyErr_Clear();
+    drop_error();
     return mv;
 }
 
@@ -2575,7 +2597,7 @@ static PyObject *dumper_stop_note(void) {
     Py_XDECREF(n);
     if (view == DUMPER_STOPPED) note = PyObject_GetAttr(g_dumper, str_stop_note);
     if (note && !PyUnicode_CheckExact(note)) Py_CLEAR(note);
-    PyErr_Clear();
+    drop_error();
     return note;
 }
 
@@ -2828,7 +2850,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
         PyObject *r = PyObject_CallNoArgs(py_note_thread);
         if (r) tl_thread = PyLong_AsLongLong(r);
         if (!r || tl_thread == -1) {
-            PyErr_Clear();
+            drop_error();
             tl_thread = 0;
         }
         Py_XDECREF(r);
@@ -2868,7 +2890,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
         PyObject *name = exc_t ? PyObject_GetAttr(exc_t, str_name) : NULL;
         rec.status = name ? sid_of(name) : -1;
         Py_XDECREF(name);
-        if (PyErr_Occurred()) PyErr_Clear();
+        if (PyErr_Occurred()) drop_error();
     } else {
         rec.status = s_ok;
         /* outputs */
@@ -3057,7 +3079,7 @@ static PyObject *Probe_vectorcall(PyObject *self, PyObject *const *args, size_t 
         if (PyVectorcall_NARGS(nargsf) < 1) return PyObject_Vectorcall(p->orig, args, nargsf, kwnames);
         PyObject *v = PyDict_GetItemWithError(p->by_self, args[0]);
         if (!v) {
-            if (PyErr_Occurred()) PyErr_Clear();
+            if (PyErr_Occurred()) drop_error();
             return PyObject_Vectorcall(p->orig, args, nargsf, kwnames);
         }
         opi = PyLong_AsSsize_t(v);
@@ -3264,7 +3286,7 @@ static Py_ssize_t torch_op_index(PyObject *func) {
     PyObject *v = PyDict_GetItemWithError(g_torch_ops, func);
     if (v) return PyLong_AsSsize_t(v);
     int unhashable = PyErr_Occurred() != NULL;
-    PyErr_Clear();
+    drop_error();
     long depth = tl_depth;
     tl_depth = INTERNAL;
     PyObject *r = PyObject_CallOneArg(py_torch_op, func);
@@ -3274,7 +3296,7 @@ static Py_ssize_t torch_op_index(PyObject *func) {
         return -2;
     }
     Py_ssize_t opi = PyLong_AsSsize_t(r);
-    if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) PyErr_Clear();
+    if (!unhashable && PyDict_SetItem(g_torch_ops, func, r) < 0) drop_error();
     Py_DECREF(r);
     return opi;
 }
@@ -3288,7 +3310,7 @@ static PyObject *record_torch(Py_ssize_t opi, PyObject *func, PyObject *targs, P
         backward = PyLong_AsLong(tid) != -1;
         Py_DECREF(tid);
     } else {
-        PyErr_Clear();
+        drop_error();
     }
     if (!backward) return record_tuple_call(opi, NULL, func, targs, kw);
     PyObject *saved = tl_phase; /* the reference moves to `saved` */
@@ -3418,7 +3440,7 @@ static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargs
         /* torch.compiler.is_compiling(): dynamo or export traces; nothing is recorded */
         PyObject *c = PyDict_GetItemWithError(torch_compiler_dict, str_compiling_flag);
         if (c == Py_True) return PyObject_Call(func, targs, kw);
-        if (!c) PyErr_Clear();
+        if (!c) drop_error();
     }
     if (!g_torch_on || !g_active || !g_torch_ops) return tf_plain(func, targs, kw, NULL);
     long depth = tl_depth;
@@ -3431,7 +3453,7 @@ static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargs
         int m = mine_class(code);
         Py_DECREF(code);
         if (m != 0) { /* a dispatching frame on top (or an error): the trampoline's way */
-            if (m < 0) PyErr_Clear();
+            if (m < 0) drop_error();
             return tf_plain(func, targs, kw, py_torch_call_fn);
         }
     }
@@ -3623,14 +3645,14 @@ static PyObject *s_quiet, *s_optimizer, *s_seen_opt, *s_pending, *s_open_step, *
 /* a global of one of the modules, borrowed; NULL (no exception) when absent */
 static inline PyObject *lc_get(PyObject *d, PyObject *name) {
     PyObject *v = PyDict_GetItemWithError(d, name);
-    if (!v) PyErr_Clear();
+    if (!v) drop_error();
     return v;
 }
 
 static inline int lc_truth(PyObject *d, PyObject *name) {
     PyObject *v = lc_get(d, name);
     int r = v ? PyObject_IsTrue(v) : 0;
-    if (r < 0) PyErr_Clear(); /* not a truth value (ints and bools here): false */
+    if (r < 0) drop_error(); /* not a truth value (ints and bools here): false */
     return r > 0;
 }
 
@@ -3672,7 +3694,7 @@ static int lc_calls_none(PyObject *point, PyObject *at) {
         int is_off = 0;
         if (!off) {
             if (!PyErr_ExceptionMatches(PyExc_AttributeError)) goto next;
-            PyErr_Clear();
+            drop_error();
         } else {
             is_off = PyObject_IsTrue(off);
             Py_DECREF(off);
@@ -3701,14 +3723,14 @@ static int lc_calls_none(PyObject *point, PyObject *at) {
         PyObject *m = f ? PyNumber_Remainder(at, f) : NULL;
         Py_XDECREF(f);
         if (!m) { /* Python: any exception there means "called" (emit reports it) */
-            PyErr_Clear();
+            drop_error();
             r = 0;
             goto next;
         }
         int nz = PyObject_IsTrue(m);
         Py_DECREF(m);
         if (nz < 0) {
-            PyErr_Clear();
+            drop_error();
             r = 0;
             goto next;
         }
@@ -3717,7 +3739,7 @@ static int lc_calls_none(PyObject *point, PyObject *at) {
         Py_XDECREF(d);
         Py_DECREF(hook);
         if (r == -1) {
-            PyErr_Clear();
+            drop_error();
             return -1;
         }
         if (r == 0) return 0;
@@ -3798,7 +3820,7 @@ static PyObject *lc_pre(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     }
     Py_RETURN_NONE;
 python: /* what the shortcut does not take, and anything that failed in it */
-    PyErr_Clear();
+    drop_error();
     return PyObject_Vectorcall(lc_py_pre, a, n, NULL);
 }
 
@@ -3840,7 +3862,7 @@ static PyObject *lc_ending(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     Py_DECREF(open);
     Py_RETURN_NONE;
 python:
-    PyErr_Clear();
+    drop_error();
     return PyObject_Vectorcall(lc_py_ending, a, n, NULL);
 }
 
@@ -3853,7 +3875,7 @@ static PyObject *lc_change(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (lc_set(lc_g, s_pending, a[1]) < 0) goto python;
     Py_RETURN_NONE;
 python:
-    PyErr_Clear();
+    drop_error();
     return PyObject_Vectorcall(lc_py_change, a, n, NULL);
 }
 
@@ -3982,7 +4004,7 @@ static PyObject *es_on_step(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     if (!every || every == Py_None || !PyLong_CheckExact(every)) goto python;
     long ev = PyLong_AsLong(every);
     if (ev == -1 && PyErr_Occurred()) {
-        PyErr_Clear();
+        drop_error();
         goto python;
     }
     PyObject *sources = lc_get(es_g, s_sources);
@@ -3994,7 +4016,7 @@ static PyObject *es_on_step(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     PyObject *seen = lc_get(es_g, s_steps_seen);
     long long k = seen ? PyLong_AsLongLong(seen) : -1;
     if (k < 0) {
-        PyErr_Clear();
+        drop_error();
         goto python;
     }
     PyObject *k1 = PyLong_FromLongLong(k + 1);
@@ -4038,7 +4060,7 @@ done:
     if (saved) {
         PyObject *et, *ev2, *tb;
         PyErr_Fetch(&et, &ev2, &tb);
-        if (PyDict_SetItem(es_st, s_step_st, saved) < 0) PyErr_Clear();
+        if (PyDict_SetItem(es_st, s_step_st, saved) < 0) drop_error();
         PyErr_Restore(et, ev2, tb);
         Py_DECREF(saved);
     }
@@ -4215,7 +4237,7 @@ static PyObject *numpy_init(PyObject *self, PyObject *args) {
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
     if (!ok) {
-        PyErr_Clear();
+        drop_error();
         PyErr_SetString(PyExc_RuntimeError, "NumPy's array struct is not the expected one");
         return NULL;
     }

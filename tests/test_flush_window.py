@@ -314,3 +314,66 @@ def test_signals_act_as_before_while_the_writer_flushes(tmp_path: Path) -> None:
         outcomes.append((line, rc, err[-1] if err else ""))
     assert outcomes[0] == ("True", -signal.SIGINT, "KeyboardInterrupt")  # as Python does
     assert outcomes[1] == outcomes[0]
+
+
+INTERRUPTS = """
+import signal, sys, time
+import numpy as np
+
+a = np.ma.array(np.arange(10.0), mask=[0, 1] * 5)  # described by Python helpers each call
+b = np.arange(6.0).reshape(2, 3)
+in_ops = False
+raised = caught = lost = 0
+
+
+def handler(signum, frame):
+    global in_ops, raised
+    if in_ops:  # once per block of calls: the block's end tells whether it arrived
+        in_ops = False
+        raised += 1
+        raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0003, 0.0003)
+deadline = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < deadline:
+    try:
+        in_ops = True
+        for _ in range(300):
+            np.add(a, a)
+            np.sum(b, axis=0)
+            np.concatenate([b, b], axis=1)
+        if not in_ops:  # the handler raised, and the program never saw it
+            lost += 1
+    except KeyboardInterrupt:
+        caught += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(raised, caught, lost)
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX interval timers")
+@pytest.mark.parametrize("mode", ["log", "stats", "dump"])
+def test_an_interrupt_raised_inside_the_probe_reaches_the_program(
+    mode: str, tmp_path: Path
+) -> None:
+    """A signal handler that raises (KeyboardInterrupt, every ~0.3 ms) raises at whatever
+    bytecode runs, pprobe's own helpers included (the Python code that describes a masked
+    array, names a new string, classifies a frame). Each exception reaches the program:
+    none is cleared as a failure of pprobe's. Before drop_error (pprobe/_native.c), 1-5 % of
+    them were lost under the native engine."""
+    if mode == "dump" and os.environ.get("PPROBE_CORE") == "python":
+        # Known: the Python engine's dump queue (dumps.PyQueue) takes a lock on the
+        # program's thread, and an exception raised between a lock's acquire and the
+        # with-block's set-up leaves it held; the run then hangs at exit.
+        pytest.skip("the Python engine's dump queue is not safe against async exceptions")
+    env = clean_env(PYTHONPATH=str(BOOTSTRAP), PPROBE_MODE=mode,
+                    PPROBE_OUTPUT=str(tmp_path / "out"))  # fmt: skip
+    (tmp_path / "intr.py").write_text(INTERRUPTS)
+    r = subprocess.run([sys.executable, str(tmp_path / "intr.py"), "2"], env=env,
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    raised, caught, lost = map(int, r.stdout.split())
+    assert raised > 500, r.stdout  # interrupts did land, many inside the probe's calls
+    assert (caught, lost) == (raised, 0), r.stdout
