@@ -239,15 +239,10 @@ def _split(rows: list, n: int) -> tuple[Any, Any]:
 
     joined = b"".join(rows)
     units = np.frombuffer(joined, dtype=np.dtype((np.void, _UNIT)))
-    starts = np.fromiter(map(len, rows), np.intp, n)
-    starts //= _UNIT
-    np.cumsum(starts, out=starts)
-    k = OP_SIZE // _UNIT
-    head_at = np.empty(n * k, dtype=np.intp)  # the op records' units, row by row
-    head_at[:k] = np.arange(k)
-    head_at[k::k] = starts[:-1]  # each row starts where the one before ends
-    for j in range(1, k):
-        head_at[k + j :: k] = head_at[k::k] + j
+    sizes = np.fromiter(map(len, rows), np.intp, n)
+    sizes //= _UNIT
+    begins = np.cumsum(sizes) - sizes  # each row's first unit
+    head_at = (begins[:, None] + np.arange(OP_SIZE // _UNIT)).ravel()  # its op record's units
     keep = np.ones(len(units), dtype=bool)
     keep[head_at] = False
     return units[head_at], units[keep]
