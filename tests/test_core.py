@@ -179,8 +179,10 @@ def test_the_python_buffer_cuts_its_rows_as_slicing_each_row_does() -> None:
 
     rng = np.random.default_rng(5)
     op_dt, desc_dt = records.numpy_dtypes()
+    kept = records.Buffer()  # one buffer for every trial: take cuts into recycled memory
+    reused = 0
     for trial in range(60):
-        buf = records.Buffer()
+        buf = kept if trial % 2 else records.Buffer()
         want_h, want_d, want_objs = [], [], []
         for _ in range(int(rng.integers(1, 40))):
             nd = int(rng.integers(0, 4))  # rows without a desc record too
@@ -207,11 +209,21 @@ def test_the_python_buffer_cuts_its_rows_as_slicing_each_row_does() -> None:
             want_h.append(op.tobytes())
             want_d.append(ds.tobytes())
         n_rows = len(buf)
+        spare = buf._scratch.spare  # (heads, descs) the previous trial gave back
         heads, descs, objs_got, n = buf.take()
         assert n == n_rows and len(buf) == 0
         assert np.frombuffer(heads, op_dt).tobytes() == b"".join(want_h), trial
         assert np.frombuffer(descs, desc_dt).tobytes() == b"".join(want_d), trial
         assert objs_got == want_objs, trial
+        if buf is kept:
+            fits = spare is not None and spare[0].nbytes >= heads.nbytes
+            if fits and spare[1].nbytes >= descs.nbytes:
+                assert np.shares_memory(heads, spare[0]), trial
+                reused += 1
+            buf.recycle(heads, descs)  # the writer's, once the batch is written
+            heads.view(np.uint8).fill(0)  # the next take must not depend on what was left
+            descs.view(np.uint8).fill(0)
+    assert reused >= 5  # some of the 30 takes fit in the memory given back before them
     assert records.Buffer().take() == (b"", b"", [], 0)
 
 
