@@ -43,12 +43,15 @@ is :mod:`pprobe.dumpkeep`'s business: the Dumper files each dump in its ring whe
 
 from __future__ import annotations
 
+import _thread
 import errno
 import hashlib
 import itertools
 import os
+import queue
 import re
 import threading
+import time
 from array import array
 from collections import deque
 from typing import Any
@@ -188,8 +191,32 @@ def _checks(digest: bytes, link: str | None, data: Any) -> bool:
         return False
 
 
+def _poll_until(done: Any, timeout: float | None) -> bool:
+    """Wait until ``done()`` is true (sleeps of 50 us growing to 2 ms), at most ``timeout``
+    seconds (None: no limit); whether it is."""
+    end = None if timeout is None else time.monotonic() + timeout
+    pause = 5e-5
+    while not done():
+        if end is not None and time.monotonic() >= end:
+            return bool(done())
+        time.sleep(pause)
+        pause = min(pause * 2, 2e-3)
+    return True
+
+
 class PyQueue:
-    """The pure-Python twin of pprobe._dumpio's queue: the same calls, a Python thread."""
+    """The pure-Python twin of pprobe._dumpio's queue: the same calls, a Python thread.
+
+    Safe against an exception raised asynchronously on the program's thread (a signal
+    handler's KeyboardInterrupt lands at any bytecode): the program's threads take only
+    ``lock``, a C lock whose ``with`` block cannot be left with it held, and wake the writer
+    thread with one C call (``SimpleQueue.put``); they never wait on a ``Condition`` (its
+    ``__enter__``, ``wait`` and ``notify`` are Python code: an exception between its lock's
+    acquire and release left the lock held, and the run hung at exit). Waits for room or for
+    completion poll (:func:`_poll_until`). The writer thread is started with
+    ``_thread.start_new_thread`` (``threading.Thread.start`` waits on an Event: cut off there,
+    the new thread hung, or a second writer started beside it) and claims the queue itself:
+    at most one writer runs, and a start cut off before the thread runs is made again."""
 
     queued = _Count(0)
     submitted = _Count(1)
@@ -213,7 +240,8 @@ class PyQueue:
             os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self._kick: queue.SimpleQueue = queue.SimpleQueue()  # a token a submit (or close)
         self.jobs: deque = deque()
         old = getattr(self, "_n", None)
         self._n = array("q", [0] * 8)  # the _Count attributes
@@ -222,7 +250,8 @@ class PyQueue:
         self.infos: list = []  # (name, codec, max_abs_error, bytes) of each encoded dump
         self._first: dict[str, tuple] = {}  # encoded file name -> its info, for its links
         self._pack_failed: set[str] = set()  # pack entries not written: their aliases fail
-        self.thread: threading.Thread | None = None
+        self._owner: int | None = None  # the running writer thread's ident (set by it)
+        self._launched = 0.0  # when a writer thread was last started (0: it runs, or none)
         self.stopping = False
         self.dirfd = getattr(self, "dirfd", -1)
         # The pack this process appends small dumps to (pprobe.packs); a forked child starts
@@ -241,7 +270,7 @@ class PyQueue:
         self.host = getattr(self, "host", "host")
 
     def open(self, dirfd: int, max_bytes: int) -> None:
-        with self.cond:
+        with self.lock:
             self.dirfd = dirfd
             self.max = max(1, max_bytes)
             self._gen += 1
@@ -281,31 +310,54 @@ class PyQueue:
             size = len(payload)
         if digest is not None and not _checks(digest, link, data):
             digest = None
-        with self.cond:
-            if not self._room(size):
-                if not wait:
-                    return False
-                while not self._room(size) and self._alive():
-                    self.cond.wait(0.1)
-            self.jobs.append((name, link, payload, size, pack, digest, len(header)))
-            self.queued += size
-            self.submitted += 1
-            if not self._alive():
-                self.stopping = False
-                self.thread = threading.Thread(target=self._run, name="pprobe-dumps", daemon=True)
-                self.thread.start()
-            self.cond.notify_all()
+        while True:
+            with self.lock:
+                if self._room(size) or (wait and not self._alive()):
+                    self.jobs.append((name, link, payload, size, pack, digest, len(header)))
+                    self.queued += size
+                    self.submitted += 1
+                    if not self._alive():
+                        self.stopping = False
+                        self._launched = time.monotonic()
+                        _thread.start_new_thread(self._main, ())
+                    break
+            if not wait:
+                return False
+            _poll_until(lambda: self._room(size) or not self._alive(), 0.1)
+        self._kick.put(None)
         return True
 
     def _alive(self) -> bool:
-        return self.thread is not None and self.thread.is_alive()
+        """A writer thread runs, or was started less than a second ago."""
+        if self._owner is not None:
+            return True
+        t = self._launched
+        return bool(t) and time.monotonic() - t < 1.0
+
+    def _main(self) -> None:
+        """The writer thread: it claims the queue (none other runs), then writes."""
+        me = _thread.get_ident()
+        with self.lock:
+            self._launched = 0.0
+            if self._owner is not None:
+                return
+            self._owner = me
+        try:
+            self._run()
+        finally:
+            with self.lock:
+                if self._owner == me:
+                    self._owner = None
 
     def _run(self) -> None:
         state.local.depth = state.INTERNAL
         while True:
-            with self.cond:
-                while not self.jobs and not self.stopping:
-                    self.cond.wait()
+            while not self.jobs and not self.stopping:
+                try:  # a token a submit; the timeout covers a token an exception cut off
+                    self._kick.get(timeout=0.5)
+                except queue.Empty:
+                    pass
+            with self.lock:
                 if not self.jobs:
                     return
                 name, link, payload, size, pack, digest, hlen = self.jobs[0]
@@ -332,7 +384,7 @@ class PyQueue:
                 err = e
                 if pack:
                     self._pack_failed.add(name)
-            with self.cond:
+            with self.lock:
                 self.jobs.popleft()
                 self.queued -= size
                 if info is not None and err is None:
@@ -350,7 +402,6 @@ class PyQueue:
                 else:
                     self.files += 1
                     self.written += len(payload)
-                self.cond.notify_all()
 
     def _append(
         self,
@@ -402,7 +453,7 @@ class PyQueue:
         return blob, (info["codec"], info["max_abs_error"], info["bytes"])
 
     def codec_infos(self) -> list:
-        with self.cond:
+        with self.lock:
             out, self.infos = self.infos, []
         return out
 
@@ -410,13 +461,13 @@ class PyQueue:
         return self.submitted
 
     def wait(self, ticket: int, timeout: float) -> bool:
-        with self.cond:
-            return self.cond.wait_for(
-                lambda: self.completed >= ticket or not self._alive(), timeout
-            ) and (self.completed >= ticket)
+        if self.completed < ticket:
+            self._kick.put(None)
+        _poll_until(lambda: self.completed >= ticket or not self._alive(), timeout)
+        return self.completed >= ticket
 
     def failures(self) -> list:
-        with self.cond:
+        with self.lock:
             f, self.fails = self.fails, []
         return f
 
@@ -426,9 +477,8 @@ class PyQueue:
 
     def close(self, timeout: float) -> bool:
         ok = self.wait(self.submitted, timeout)
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
+        self.stopping = True
+        self._kick.put(None)
         return ok
 
     @staticmethod

@@ -22,6 +22,7 @@ shared, refcounted objects, and NumPy's own tests count their references around 
 from __future__ import annotations
 
 import math
+import queue
 import struct
 import threading
 import time
@@ -307,7 +308,13 @@ class Buffer:
     objects is a tuple (op record, desc records, objects). Bytes are not tracked by Python's
     cyclic collector: a tuple held until the writer's flush raised the collector's count of
     young objects by one a row, so a loop that allocates nothing of its own ran young
-    collections (and, its rows promoted, full ones) only because of the probe."""
+    collections (and, its rows promoted, full ones) only because of the probe.
+
+    The flush window's synchronisation is safe against an exception raised asynchronously on
+    a recording thread (a signal handler's KeyboardInterrupt lands at any bytecode): those
+    threads make single C calls only (``SimpleQueue.put``, ``Lock.acquire``/``release``),
+    never a ``threading.Event`` or ``Condition`` method, whose Python code holds a lock
+    between bytecodes (an exception there left it held, and the writer hung on it)."""
 
     def __init__(self) -> None:
         self._q: deque = deque()
@@ -321,8 +328,8 @@ class Buffer:
         # ``flushing``, a thread that appends a row waits for the flush to end (at most
         # PARK_MAX_S a time) instead of contending for the GIL with the writer.
         self.flushing = False
-        self._woken = threading.Event()
-        self._done = threading.Event()
+        self._woken: queue.SimpleQueue = queue.SimpleQueue()  # wake()'s tokens
+        self._gate = threading.Lock()  # held by the writer while its flush window is open
         self._parks: list[Any] = [0, 0, 0.0]  # waits, waits cut short, seconds waited
         self._scratch = _Scratch()  # take's memory, reused (recycle)
 
@@ -355,7 +362,13 @@ class Buffer:
         if getattr(self._local, "writer", False):  # the writer thread itself never waits
             return
         t0 = time.monotonic()
-        cut = not self._done.wait(PARK_MAX_S)
+        gate = self._gate
+        cut = not gate.acquire(timeout=PARK_MAX_S)
+        if not cut:
+            try:
+                gate.release()
+            except RuntimeError:  # the writer took the gate back (_close_gate)
+                pass
         p = self._parks
         p[0] += 1
         p[1] += cut
@@ -368,24 +381,47 @@ class Buffer:
         taken first."""
         ev = self._woken
         while True:
-            woken = ev.wait(timeout)
+            try:
+                ev.get(timeout=timeout)
+                woken = True
+            except queue.Empty:
+                woken = False
+            while not ev.empty():  # the tokens of other wake() calls meanwhile
+                try:
+                    ev.get_nowait()
+                except queue.Empty:
+                    break
             if woken or self._q or self.dropped:
                 break
-        ev.clear()
-        self._done.clear()
+        self._close_gate()
         self.flushing = True
         return woken
 
+    def _close_gate(self) -> None:
+        """The writer takes the gate (parked threads wait on it until end_flush). A thread
+        holds it only between its acquire and release in park(); held longer, an exception
+        cut that thread off in between: the gate is taken back from it."""
+        gate = self._gate
+        if not gate.acquire(timeout=0.2):
+            try:
+                gate.release()
+            except RuntimeError:
+                pass
+            gate.acquire()
+
     def wake(self) -> None:
-        self._woken.set()
+        self._woken.put(None)
 
     def end_flush(self) -> None:
         self.flushing = False
-        self._done.set()
+        try:
+            self._gate.release()
+        except RuntimeError:  # not taken (an end_flush without its wait, a forked child)
+            pass
 
     def begin_flush(self) -> None:
         """The window opens again (closed for a wait of the writer's that needs no GIL)."""
-        self._done.clear()
+        self._close_gate()
         self.flushing = True
 
     def parks(self) -> tuple[int, int, float]:
@@ -396,8 +432,8 @@ class Buffer:
     def after_fork(self) -> None:
         """In a forked child: no thread of the parent's is left to close the window."""
         self.flushing = False
-        self._woken = threading.Event()
-        self._done = threading.Event()
+        self._woken = queue.SimpleQueue()
+        self._gate = threading.Lock()
         self._parks = [0, 0, 0.0]
 
     def _full(self) -> bool:

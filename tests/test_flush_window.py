@@ -363,11 +363,6 @@ def test_an_interrupt_raised_inside_the_probe_reaches_the_program(
     array, names a new string, classifies a frame). Each exception reaches the program:
     none is cleared as a failure of pprobe's. Before drop_error (pprobe/_native.c), 1-5 % of
     them were lost under the native engine."""
-    if mode == "dump" and os.environ.get("PPROBE_CORE") == "python":
-        # Known: the Python engine's dump queue (dumps.PyQueue) takes a lock on the
-        # program's thread, and an exception raised between a lock's acquire and the
-        # with-block's set-up leaves it held; the run then hangs at exit.
-        pytest.skip("the Python engine's dump queue is not safe against async exceptions")
     env = clean_env(PYTHONPATH=str(BOOTSTRAP), PPROBE_MODE=mode,
                     PPROBE_OUTPUT=str(tmp_path / "out"))  # fmt: skip
     (tmp_path / "intr.py").write_text(INTERRUPTS)

@@ -1,0 +1,134 @@
+"""The Python engine's synchronisation against exceptions raised asynchronously on the
+program's thread.
+
+A signal handler that raises (Ctrl-C's KeyboardInterrupt) raises at whatever bytecode the main
+thread runs, pprobe's own included. The primitives the program's threads use (the dump queue's
+``submit``, the record buffer's ``wake`` and ``park``) must not be left holding a lock by such
+an exception, or the run hangs later (the writer waits on it, or the program does at exit).
+
+These tests raise KeyboardInterrupt at each point of such a call in turn where the eval loop
+checks for a pending signal (a trace function that raises there is what a raising handler
+does: an exception between two bytecodes, in pprobe's frames or the standard library's), then
+check that the queue or the buffer still works from other threads within a time limit.
+Before the fix, ``threading.Condition``, ``threading.Event`` and ``threading.Thread.start``
+(Python code that holds a lock between bytecodes) sat on these paths.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pprobe import dumps, records
+
+
+def _checkpoints() -> tuple[set[int], set[int]]:
+    """(opcodes after which, opcodes before which) the eval loop checks for a pending signal:
+    after a call returns and at a loop's backward jump; at a function's start (3.11+)."""
+    after = {op for name, op in dis.opmap.items() if name.startswith(("CALL", "JUMP_BACKWARD"))}
+    before = {dis.opmap[name] for name in ("RESUME",) if name in dis.opmap}
+    return after, before
+
+
+_AFTER, _BEFORE = _checkpoints()
+
+
+def _raise_at(k: int, fn: Callable[[], object]) -> bool:
+    """Run ``fn()``, raising KeyboardInterrupt at the ``k``-th point where a signal handler
+    could raise in the frames it runs (:func:`_checkpoints`: raising at any bytecode would
+    be stricter than the interpreter, e.g. between a ``with`` block's last statement and its
+    ``__exit__`` call); whether it was raised (False: ``fn`` ran fewer such points)."""
+    seen = [0, False]
+    last: dict[int, int] = {}  # id(frame) -> the opcode it ran last
+
+    def tracer(frame: Any, event: str, arg: object) -> object:
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            code = frame.f_code.co_code
+            op = code[frame.f_lasti] if frame.f_lasti >= 0 else -1
+            prev = last.get(id(frame))
+            last[id(frame)] = op
+            if prev in _AFTER or (op in _BEFORE and prev is None):
+                seen[0] += 1
+                if seen[0] == k:
+                    seen[1] = True
+                    raise KeyboardInterrupt
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return bool(seen[1])
+
+
+def _within(seconds: float, fn: Callable[[], object]) -> bool:
+    """Whether ``fn()`` returns within ``seconds`` on another thread (a daemon: a hung one is
+    left behind)."""
+    done = threading.Event()
+
+    def run() -> None:
+        fn()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return done.wait(seconds)
+
+
+def test_a_dump_queue_interrupted_at_any_bytecode_of_submit_still_works(tmp_path: Path) -> None:
+    q = dumps.PyQueue()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        q.open(fd, 1 << 20)
+        k = 0
+        while True:
+            k += 1
+            fired = _raise_at(k, functools.partial(q.submit, f"a{k}.npy", b"h", None, None, True))
+            # the queue takes another dump and writes it, from another thread
+            t = q.ticket() + 1
+            ok = _within(5, functools.partial(q.submit, f"b{k}.npy", b"h", None, None, True))
+            assert ok, f"a submit hung after an interrupt at point {k} of submit"
+            assert _within(10, functools.partial(q.wait, t, 5)), f"a wait hung after point {k}"
+            assert q.completed >= t, f"the writer stalled after an interrupt at point {k}"
+            if not fired:
+                break
+        assert k > 5  # the interrupts did land, at several points
+        assert _within(10, lambda: q.close(5)), "close hung"
+        assert (tmp_path / f"b{k}.npy").exists()
+    finally:
+        os.close(fd)
+
+
+def test_a_record_buffer_interrupted_at_any_bytecode_of_park_or_wake_still_works() -> None:
+    row = b"x" * records.OP_SIZE
+    for what in ("park, window open", "park, window closed", "wake"):
+        buf = records.Buffer()
+        k = 0
+        while True:
+            k += 1
+            if what == "park, window closed":  # the writer's flush runs: park waits on it
+                buf.wake()
+                assert _within(5, functools.partial(buf.wait, 0.01)), f"{what}: wait hung"
+            else:  # the window is open: park's wait ends at once
+                buf.flushing = True
+            fired = _raise_at(k, buf.wake if what == "wake" else buf.park)
+            assert _within(5, buf.end_flush), f"{what}: end_flush hung after point {k}"
+            # the writer's cycle (wait for rows, open the window, close it) and a recording
+            # thread's park still complete
+            buf.append(row, b"", None)
+            assert _within(5, functools.partial(buf.wait, 0.01)), f"{what}: wait, point {k}"
+            assert _within(5, buf.end_flush), f"{what}: end_flush hung after point {k}"
+            assert _within(5, buf.park), f"{what}: park hung after point {k}"
+            buf.clear()
+            if not fired:
+                break
+        assert k > 1, what  # raised at one point at least
