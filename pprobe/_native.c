@@ -632,9 +632,14 @@ static PyObject *Buffer_take(BufferObject *self, PyObject *unused) {
 }
 
 /* The writer gives a batch's memory back once written: reused for the next batches. Only a
- * bytearray that nothing but this memoryview exports any more is taken. */
+ * bytearray that nothing but this memoryview exports any more is taken, and only while no
+ * array still reads the memoryview itself: a one-row column is a NumPy view of the records,
+ * and a batch handed to the collector's tap may wait in its queue after the flush (the
+ * memoryview's own exports count those; the bytearray's count only the memoryview's). */
 static void take_back(PyObject *mv, PyObject **spare) {
     if (!PyMemoryView_Check(mv) || *spare) return;
+    PyMemoryViewObject *m = (PyMemoryViewObject *)mv;
+    if (m->exports != 0 || !m->mbuf || m->mbuf->exports != 1) return;
     PyObject *base = PyMemoryView_GET_BUFFER(mv)->obj;
     if (base && PyByteArray_CheckExact(base) && ((PyByteArrayObject *)base)->ob_exports == 1)
         *spare = Py_NewRef(base);

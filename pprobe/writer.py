@@ -242,7 +242,12 @@ class Writer:
                 _report.internal_error("writing the log", e)
             ops = tensors = None
             try:
-                buf.recycle(heads, descs)  # the memory of the next batches (no page faults)
+                # the memory of the next batches (no page faults). Not the Python buffer's
+                # while a tap is set: a batch it took may wait in the collector's queue, and a
+                # one-row column is a view of these records (the native buffer reuses only a
+                # block nothing else exports).
+                if self.tap is None or not isinstance(buf, records.Buffer):
+                    buf.recycle(heads, descs)
             except Exception as e:
                 _report.internal_error("recycling the record buffer", e)
 

@@ -227,6 +227,75 @@ def test_the_python_buffer_cuts_its_rows_as_slicing_each_row_does() -> None:
     assert records.Buffer().take() == (b"", b"", [], 0)
 
 
+def test_batches_a_tap_holds_keep_their_values_after_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collector's tap may queue a flush's batches for its own thread, and a one-row
+    column is a view of the flushed records: the Python buffer must not cut the next flush's
+    rows into that memory (the native buffer reuses only blocks nothing else exports)."""
+    from pprobe import recorder, state
+    from pprobe.writer import Writer
+
+    while len(recorder.ops_by_index) < 8:
+        recorder.op(f"test.op{len(recorder.ops_by_index)}", "function", "numpy")
+    bufs: list[object] = [records.Buffer()]
+    if NATIVE_BUILT:
+        from pprobe import _native
+
+        bufs.append(_native.Buffer())
+    for buf in bufs:
+        monkeypatch.setattr(recorder, "buffer", buf)
+        w = Writer(str(tmp_path / type(buf).__module__), "run1", "host", 100, 1.0)
+        queued: list = []
+        w.tap = lambda table, batch, queued=queued: queued.append((table, batch))
+        w.keep_local = False
+        for seq, shape, lo in ((111, (2, 3), 1.0), (222, (7, 9), -4.0)):
+            d = ("input", "0", struct.pack("2q", *shape), "float32", "cpu", None,
+                 (lo, 5.0, 2.5, 1.0, 0.0, 0.0), None, None)  # fmt: skip
+            row = records.encode_row(seq, 7, 100, 150, 11, seq, 0, -1, -1, "ok", None, None,
+                                     [d], [])  # fmt: skip
+            buf.append(*row)  # type: ignore[attr-defined]
+            with state.internal():
+                w._flush()
+        got = [(t, b.to_pydict()) for t, b in queued]
+        ops = [d for t, d in got if t == "ops"]
+        tensors = [d for t, d in got if t == "tensors"]
+        assert [(d["seq"], d["step"]) for d in ops] == [([111], [111]), ([222], [222])], buf
+        assert [(d["shape"], d["min"]) for d in tensors] == [
+            ([[2, 3]], [1.0]), ([[7, 9]], [-4.0])
+        ]  # fmt: skip
+
+
+@pytest.mark.skipif(not NATIVE_BUILT, reason="the native core is not built")
+def test_the_native_buffer_reuses_a_batch_s_memory_only_when_nothing_reads_it() -> None:
+    import numpy as np
+
+    from pprobe import _native, recorder
+
+    while len(recorder.ops_by_index) < 8:
+        recorder.op(f"test.op{len(recorder.ops_by_index)}", "function", "numpy")
+    buf = _native.Buffer()
+    d = ("input", "0", struct.pack("2q", 2, 3), "float32", "cpu", None, None, None, None)
+    op_dt, _ = records.numpy_dtypes()
+
+    def one(seq: int) -> tuple:
+        buf.append(*records.encode_row(seq, 7, 100, 150, 11, seq, 0, -1, -1, "ok", None, None,
+                                       [d], []))  # fmt: skip
+        heads, descs, _, _ = buf.take()
+        return heads, descs, np.frombuffer(heads, np.uint8).ctypes.data
+
+    h, ds, at1 = one(1)
+    buf.recycle(h, ds)
+    del h, ds
+    h, ds, at2 = one(2)
+    assert at2 == at1  # given back, nothing reading it: reused
+    col = np.ascontiguousarray(np.frombuffer(h, op_dt)["seq"])  # a view (one row)
+    buf.recycle(h, ds)
+    del h, ds
+    h, ds, at3 = one(3)
+    assert at3 != at2 and col.tolist() == [2]  # still read: not reused
+
+
 SHAPES = [(), (5,), (2, 3), (1, 1, 1, 1, 1, 1, 1, 1), (4, 0, 7), (9,), (2**40, 3)]
 
 
