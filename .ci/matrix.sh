@@ -41,7 +41,7 @@ JOBS=("3.10 $OLDEST_NUMPY -"
 TESTS=(tests/test_bootstrap.py tests/test_config.py tests/test_interpreters.py
        tests/test_children.py tests/test_core.py tests/test_numpy_operators.py
        tests/test_transparency.py tests/test_recording.py tests/test_log.py
-       tests/test_step_at.py tests/test_flush_window.py)
+       tests/test_step_at.py tests/test_flush_window.py tests/test_async_exceptions.py)
 
 find_python() {  # 3.12 -> a CPython 3.12 with the GIL on this machine, or nothing
   local v=$1 p

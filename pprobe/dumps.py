@@ -166,6 +166,10 @@ def fortran_order(a: Any) -> bool:
 MAX_CHUNKS = 256
 
 
+#: How long a started dump writer thread counts as alive before it has claimed the queue.
+LAUNCH_S = 10.0
+
+
 class _Count:
     """An int attribute kept in the instance's ``array('q')``: no Python int stays referenced
     between calls (NumPy's own tests count the references to small ints)."""
@@ -313,13 +317,13 @@ class PyQueue:
         while True:
             with self.lock:
                 if self._room(size) or (wait and not self._alive()):
-                    self.jobs.append((name, link, payload, size, pack, digest, len(header)))
-                    self.queued += size
-                    self.submitted += 1
+                    job = (name, link, payload, size, pack, digest, len(header))
+                    n = self._n  # (no call between these and the append: no signal check)
+                    n[0] += size  # queued
+                    n[1] += 1  # submitted
+                    self.jobs.append(job)
                     if not self._alive():
-                        self.stopping = False
-                        self._launched = time.monotonic()
-                        _thread.start_new_thread(self._main, ())
+                        self._launch()
                     break
             if not wait:
                 return False
@@ -328,15 +332,28 @@ class PyQueue:
         return True
 
     def _alive(self) -> bool:
-        """A writer thread runs, or was started less than a second ago."""
+        """A writer thread runs, or was started less than LAUNCH_S ago (it claims the queue
+        when it runs: on a loaded machine, a while after its start)."""
         if self._owner is not None:
             return True
         t = self._launched
-        return bool(t) and time.monotonic() - t < 1.0
+        return bool(t) and time.monotonic() - t < LAUNCH_S
+
+    def _launch(self) -> None:
+        """Start a writer thread (under ``lock``). One that cannot start is reported; the next
+        submit tries again."""
+        self.stopping = False
+        self._launched = time.monotonic()
+        try:
+            _thread.start_new_thread(self._main, ())
+        except Exception as e:  # RuntimeError: can't start new thread
+            self._launched = 0.0
+            _report.internal_error("starting the dump writer thread", e)
 
     def _main(self) -> None:
         """The writer thread: it claims the queue (none other runs), then writes."""
         me = _thread.get_ident()
+        threading.current_thread().name = "pprobe-dumps"  # (a dummy Thread, for tracebacks)
         with self.lock:
             self._launched = 0.0
             if self._owner is not None:

@@ -283,13 +283,19 @@ def _split(rows: list, n: int, scratch: _Scratch) -> tuple[Any, Any]:
     else:  # room for a few more rows than this flush's, next time
         h, d = np.empty(nh + nh // 4, unit)[:nh], np.empty(nd + nd // 4, unit)[:nd]
     desc_at = np.flatnonzero(keep)
-    with j.getbuffer() as mv:
+    mv = j.getbuffer()
+    try:
         # mode="clip": the indices are in range by construction; "raise" with ``out`` copies
         # through a temporary (~2.5 times as long here)
         units = np.frombuffer(mv, dtype=unit, count=total)
         np.take(units, head_at, axis=0, out=h, mode="clip")
         np.take(units, desc_at, axis=0, out=d, mode="clip")
-        del units  # the buffer's export ends with the block: the next writelines may grow it
+        del units
+    finally:
+        try:
+            mv.release()  # the export ends: the next writelines may grow the buffer
+        except BufferError:  # an exception left ``units`` in its traceback: start anew
+            scratch.joined = type(j)()
     if j.tell() > _SCRATCH_KEEP:
         scratch.joined = type(j)()
     return h, d
@@ -400,14 +406,14 @@ class Buffer:
     def _close_gate(self) -> None:
         """The writer takes the gate (parked threads wait on it until end_flush). A thread
         holds it only between its acquire and release in park(); held longer, an exception
-        cut that thread off in between: the gate is taken back from it."""
+        cut that thread off in between: the gate is taken back from it (again, should another
+        thread be cut off meanwhile)."""
         gate = self._gate
-        if not gate.acquire(timeout=0.2):
+        while not gate.acquire(timeout=0.2):
             try:
                 gate.release()
             except RuntimeError:
                 pass
-            gate.acquire()
 
     def wake(self) -> None:
         self._woken.put(None)
