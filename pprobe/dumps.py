@@ -479,6 +479,9 @@ class PyQueue:
 
     def wait(self, ticket: int, timeout: float) -> bool:
         if self.completed < ticket:
+            with self.lock:  # jobs with no writer: a submit cut off before its start
+                if self.jobs and not self._alive():
+                    self._launch()
             self._kick.put(None)
         _poll_until(lambda: self.completed >= ticket or not self._alive(), timeout)
         return self.completed >= ticket

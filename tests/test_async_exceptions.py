@@ -83,27 +83,35 @@ def _within(seconds: float, fn: Callable[[], object]) -> bool:
 
 
 def test_a_dump_queue_interrupted_at_any_bytecode_of_submit_still_works(tmp_path: Path) -> None:
-    q = dumps.PyQueue()
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        q.open(fd, 1 << 20)
-        k = 0
-        while True:
-            k += 1
-            fired = _raise_at(k, functools.partial(q.submit, f"a{k}.npy", b"h", None, None, True))
-            # the queue takes another dump and writes it, from another thread
-            t = q.ticket() + 1
-            ok = _within(5, functools.partial(q.submit, f"b{k}.npy", b"h", None, None, True))
-            assert ok, f"a submit hung after an interrupt at point {k} of submit"
-            assert _within(10, functools.partial(q.wait, t, 5)), f"a wait hung after point {k}"
-            assert q.completed >= t, f"the writer stalled after an interrupt at point {k}"
-            # its counts agree with its jobs: a barrier's ticket means what it says
-            assert (q.submitted, q.queued) == (q.completed, 0), f"counts drift at point {k}"
-            if not fired:
-                break
-        assert k > 5  # the interrupts did land, at several points
-        assert _within(10, lambda: q.close(5)), "close hung"
-        assert (tmp_path / f"b{k}.npy").exists()
+        for first in (True, False):  # the queue's first submit (it starts the writer), a later
+            k = 0
+            while True:
+                k += 1
+                q = dumps.PyQueue()
+                q.open(fd, 1 << 20)
+                if not first:
+                    assert q.submit(f"c{k}.npy", b"h", None, None, True) and q.wait(1, 5)
+                sub = functools.partial(q.submit, f"a{k}-{first}.npy", b"h", None, None, True)
+                fired = _raise_at(k, sub)
+                # what it queued is written (the last dump of a run: no later submit starts
+                # the writer), and its counts agree with its jobs
+                assert _within(10, functools.partial(q.wait, q.submitted, 5)), f"hung, {k}"
+                assert q.completed == q.submitted, f"a job is stuck after point {k}"
+                # the queue takes another dump and writes it, from another thread
+                t = q.ticket() + 1
+                sub = functools.partial(q.submit, f"b{k}-{first}.npy", b"h", None, None, True)
+                assert _within(5, sub), f"a submit hung after an interrupt at point {k}"
+                assert _within(10, functools.partial(q.wait, t, 5)), f"a wait hung, {k}"
+                assert q.completed >= t, f"the writer stalled after an interrupt at point {k}"
+                # its counts agree with its jobs: a barrier's ticket means what it says
+                assert (q.submitted, q.queued) == (q.completed, 0), f"counts drift, {k}"
+                assert _within(10, functools.partial(q.close, 5)), f"close hung, {k}"
+                if not fired:
+                    break
+            assert k > 5  # the interrupts did land, at several points
+            assert (tmp_path / f"b{k}-{first}.npy").exists()
     finally:
         os.close(fd)
 
