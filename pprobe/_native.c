@@ -2772,6 +2772,10 @@ fail:
 
 /* Record one call of op `opi` (a Python Op object `op` may be NULL: looked up by index).
  * fn/orig: what to call. `is_ufunc`: operators are recognised. */
+static void row_where(int32_t *module, int32_t *phase);
+static PyObject *frames_module(int *found);
+static int g_mod_frames;
+
 static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcallfunc orig,
                              PyObject *const *args, size_t nargsf, PyObject *kwnames,
                              int is_ufunc, int skip) {
@@ -2886,8 +2890,7 @@ static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorc
     rec.op = (int32_t)opi;
     rec.site = site;
     rec.depth = (int32_t)depth;
-    rec.module = tl_module ? sid_of(tl_module) : -1;
-    rec.phase = sid_of(tl_phase ? tl_phase : g_phase_default);
+    row_where(&rec.module, &rec.phase);
     rec.args = -1;
     PyObject *exc_t = NULL, *exc_v = NULL, *exc_tb = NULL;
     if (result == NULL) {
@@ -3533,7 +3536,17 @@ static PyObject *Field_get(PyObject *self, PyObject *obj, PyObject *type) {
     switch (((FieldObject *)self)->which) {
         case 0: return PyLong_FromLong(tl_depth);
         case 1: return PyLong_FromLongLong(tl_parent);
-        case 2: return Py_NewRef(tl_module ? tl_module : Py_None);
+        case 2: {
+            /* in frames mode the module a row recorded here now would name */
+            if (tl_module || !g_mod_frames) return Py_NewRef(tl_module ? tl_module : Py_None);
+            int found;
+            PyObject *path = frames_module(&found);
+            if (PyErr_Occurred()) {
+                Py_XDECREF(path);
+                return NULL;
+            }
+            return path ? path : Py_NewRef(Py_None);
+        }
         default: return Py_NewRef(tl_phase ? tl_phase : Py_None);
     }
 }
@@ -3625,6 +3638,175 @@ static PyObject *set_default_phase(PyObject *self, PyObject *arg) {
     }
     Py_XSETREF(g_phase_default, arg == Py_None ? NULL : Py_NewRef(arg));
     Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ module paths from frames
+ * Where no module row, autograd tag or gradient hook needs nn.Module's global hooks (the api
+ * level alone, pprobe/interceptors/torch_modules.py "frames"), the module a row is recorded in
+ * is read from the thread's frames when the row is recorded: the innermost frame of
+ * Module._call_impl (or of _wrapped_call_impl, which calls it) holds the running module as
+ * ``self``. Its path comes from torch_modules._paths ({id(module): (path, weakref)}); a module
+ * not named yet is named by torch_modules.frame_path(frame), which names the whole chain of
+ * running modules outermost first. Without global hooks torch's _call_impl keeps its fast path
+ * (any global hook sends every module call through its slow path). */
+static int g_mod_frames = 0;   /* on: rows read their module from the frames */
+static int g_mod_training = 0; /* recorder.training_started() was called by this mechanism */
+static PyObject *g_code_call = NULL, *g_code_wrapped = NULL; /* the two code objects */
+static PyObject *g_mod_paths = NULL;    /* torch_modules._paths */
+static PyObject *py_frame_path = NULL;  /* torch_modules.frame_path(frame) -> str | None */
+static PyObject *py_train_start = NULL; /* recorder.training_started */
+static PyObject *str_self = NULL, *str_f_locals = NULL;
+
+/* The module a _call_impl / _wrapped_call_impl frame runs (new reference), or NULL with no
+ * error set. */
+static PyObject *frame_self(PyFrameObject *f) {
+    PyObject *m = NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    m = PyFrame_GetVar(f, str_self);
+#else
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *loc = PyFrame_GetLocals(f);
+#else
+    PyObject *loc = PyObject_GetAttr((PyObject *)f, str_f_locals);
+#endif
+    if (loc) {
+        m = PyDict_Check(loc) ? PyDict_GetItemWithError(loc, str_self) : NULL;
+        Py_XINCREF(m);
+        Py_DECREF(loc);
+    }
+#endif
+    if (!m) drop_error();
+    return m;
+}
+
+/* The path of the module whose call runs innermost on this thread (new reference), or NULL
+ * (none, or naming it failed: reported). *found: a module call is running. */
+static PyObject *frames_module(int *found) {
+    *found = 0;
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    if (!f || !g_code_call) return NULL;
+    Py_INCREF(f);
+    while (1) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int hit = (PyObject *)code == g_code_call || (PyObject *)code == g_code_wrapped;
+        Py_DECREF(code);
+        if (hit) break;
+        PyFrameObject *b = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        if (!b) return NULL;
+        f = b;
+    }
+    *found = 1;
+    long depth = tl_depth;
+    tl_depth = INTERNAL;
+    if (!g_mod_training && py_train_start) {
+        g_mod_training = 1;
+        PyObject *r = PyObject_CallNoArgs(py_train_start);
+        if (!r) report("starting the training phase");
+        Py_XDECREF(r);
+    }
+    PyObject *path = NULL;
+    PyObject *m = frame_self(f);
+    if (m && g_mod_paths) {
+        PyObject *key = PyLong_FromVoidPtr(m);
+        PyObject *e = key ? PyDict_GetItemWithError(g_mod_paths, key) : NULL; /* borrowed */
+        Py_XDECREF(key);
+        if (e && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 2 &&
+            PyWeakref_CheckRef(PyTuple_GET_ITEM(e, 1)) &&
+            PyWeakref_GetObject(PyTuple_GET_ITEM(e, 1)) == m &&
+            PyUnicode_Check(PyTuple_GET_ITEM(e, 0)))
+            path = Py_NewRef(PyTuple_GET_ITEM(e, 0));
+        else if (!e)
+            drop_error();
+    }
+    Py_XDECREF(m);
+    if (!path && py_frame_path) { /* not named yet (or not weakly referenceable) */
+        PyObject *r = PyObject_CallOneArg(py_frame_path, (PyObject *)f);
+        if (!r)
+            report("naming a module");
+        else if (PyUnicode_Check(r))
+            path = r;
+        else
+            Py_DECREF(r);
+    }
+    tl_depth = depth;
+    Py_DECREF(f);
+    return path;
+}
+
+/* A row's module (new reference, or NULL: none) and phase (borrowed, or NULL: none): the
+ * hooks' per-thread fields, or in frames mode the frames (phase forward inside a module call,
+ * unless autograd's backward runs). */
+static PyObject *row_where_obj(PyObject **phase) {
+    PyObject *ph = tl_phase ? tl_phase : g_phase_default;
+    *phase = ph;
+    if (!g_mod_frames || tl_module) return tl_module ? Py_NewRef(tl_module) : NULL;
+    int found;
+    PyObject *path = frames_module(&found);
+    if (found && !(tl_phase && (tl_phase == s_backward ||
+                                (PyUnicode_Check(tl_phase) &&
+                                 PyUnicode_CompareWithASCIIString(tl_phase, "backward") == 0))))
+        *phase = s_forward;
+    return path;
+}
+
+/* (called with the call's exception set when it raised: kept as it is) */
+static void row_where(int32_t *module, int32_t *phase) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *ph;
+    PyObject *path = row_where_obj(&ph);
+    *module = path ? sid_of(path) : -1;
+    Py_XDECREF(path);
+    *phase = sid_of(ph);
+    drop_error();
+    PyErr_Restore(et, ev, etb);
+}
+
+static PyObject *module_frames(PyObject *self, PyObject *args) {
+    /* module_frames(on, _call_impl code, _wrapped_call_impl code, torch_modules._paths,
+     * torch_modules.frame_path, recorder.training_started); off: module_frames(False, None,
+     * None, None, None, None) */
+    int on;
+    PyObject *c1, *c2, *paths, *fp, *ts;
+    if (!PyArg_ParseTuple(args, "pOOOOO", &on, &c1, &c2, &paths, &fp, &ts)) return NULL;
+    if (on && !(PyCode_Check(c1) && PyCode_Check(c2) && PyDict_Check(paths))) {
+        PyErr_SetString(PyExc_TypeError, "module_frames(on, code, code, dict, fn, fn)");
+        return NULL;
+    }
+    if (!str_self && !(str_self = PyUnicode_InternFromString("self"))) return NULL;
+    if (!str_f_locals && !(str_f_locals = PyUnicode_InternFromString("f_locals"))) return NULL;
+    if (!s_forward && !(s_forward = PyUnicode_InternFromString("forward"))) return NULL;
+    if (!s_backward && !(s_backward = PyUnicode_InternFromString("backward"))) return NULL;
+    g_mod_frames = 0;
+    Py_CLEAR(g_code_call);
+    Py_CLEAR(g_code_wrapped);
+    Py_CLEAR(g_mod_paths);
+    Py_CLEAR(py_frame_path);
+    Py_CLEAR(py_train_start);
+    if (on) {
+        g_code_call = Py_NewRef(c1);
+        g_code_wrapped = Py_NewRef(c2);
+        g_mod_paths = Py_NewRef(paths);
+        py_frame_path = Py_NewRef(fp);
+        py_train_start = Py_NewRef(ts);
+        g_mod_training = 0;
+        g_mod_frames = 1;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *where_now(PyObject *self, PyObject *unused) {
+    /* where(): (module path or None, phase or None) of a row recorded here now */
+    PyObject *ph;
+    PyObject *path = row_where_obj(&ph);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(path);
+        return NULL;
+    }
+    PyObject *r = PyTuple_Pack(2, path ? path : Py_None, ph ? ph : Py_None);
+    Py_XDECREF(path);
+    return r;
 }
 
 /* ------------------------------------------------------------------ lifecycle hooks' steps
@@ -5390,6 +5572,10 @@ static PyMethodDef methods[] = {
      "dispatch.calls_none(point, at)'s twin"},
     {"untrack_sample", untrack_sample, METH_O,
      "untrack_sample(entry): an extension tables' sample, untracked (see the C comment)"},
+    {"module_frames", module_frames, METH_VARARGS,
+     "module_frames(on, code, code, paths, frame_path, training_started): rows read their "
+     "module from the frames"},
+    {"where", where_now, METH_NOARGS, "(module, phase) of a row recorded here now"},
     {"set_default_phase", set_default_phase, METH_O,
      "the phase of rows no hook gave one (init, other)"},
     {"set_op", set_op, METH_VARARGS, "set_op(index, selected, every, first, framework)"},

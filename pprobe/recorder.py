@@ -153,6 +153,16 @@ def training_started() -> None:
         _set_default_phase("other")
 
 
+#: The native core's ``where()`` while rows read their module from the frames
+#: (interceptors.torch_modules), else None: the thread's fields say.
+_where: Callable[[], tuple[Any, Any]] | None = None
+
+
+def set_where(fn: Callable[[], tuple[Any, Any]] | None) -> None:
+    global _where
+    _where = fn
+
+
 def _set_default_phase(p: str | None) -> None:
     global _phase_default
     _phase_default = p
@@ -1004,9 +1014,12 @@ def _end(
                 else:
                     for idx, x, h in outs:
                         ins.append(h.light("output", idx, x))
+        if _where is None:
+            mo, ph = loc.module, loc.phase or _phase_default
+        else:
+            mo, ph = _where()
         buffer.append(*_encode(seq, op.index, t0, t1, state.local.serial, state.step, depth, parent,
-                               code, error or "ok", loc.module, loc.phase or _phase_default, ins,
-                               others))  # fmt: skip
+                               code, error or "ok", mo, ph, ins, others))  # fmt: skip
         if not seq & 1023 and len(buffer) >= _flush_rows and _wake is not None:
             _wake()
         if _on_nan and _mode and error is None and _born_here(op, ins, others):

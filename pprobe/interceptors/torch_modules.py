@@ -1,9 +1,17 @@
 """Where nn.Module paths, training steps and module/gradient rows come from.
 
-Global module hooks (``register_module_forward_pre_hook`` and
-``register_module_forward_hook(always_call=True)``, which PyTorch also calls when forward
-raises) keep a per-thread stack of running modules in ``state.local.mstack``; the innermost
-one's path is ``state.local.module``, which every row records in ``ops.module_path``.
+A row's ``ops.module_path`` is the path of the innermost module whose call runs on its thread,
+learnt one of two ways (docs/torch.md "Module paths"):
+
+- frames (``_frames``: the api level alone, native engine): the native core reads the module
+  from the innermost frame of ``Module._call_impl`` / ``_wrapped_call_impl`` when a row is
+  recorded, its path from ``_paths``, and asks :func:`frame_path` to name a module it has no
+  path for. No global module hook: torch's ``_call_impl`` keeps its fast path.
+- hooks: global module hooks (``register_module_forward_pre_hook`` and
+  ``register_module_forward_hook(always_call=True)``, which PyTorch also calls when forward
+  raises) keep a per-thread stack of running modules in ``state.local.mstack``; the innermost
+  one's path is ``state.local.module``. Module rows, autograd tags (the aten level), gradient
+  hooks and the Python engine use them.
 
 Module names (docs/torch.md): the first time a module is seen, and it is not a descendant of
 the module running around it, it is a root. Its name is the variable or attribute that holds
@@ -41,7 +49,7 @@ from typing import Any
 
 import torch
 
-from .. import _report, recorder, state, values
+from .. import _report, core, recorder, state, values
 from ..state import INTERNAL
 
 _local: Any = state.local
@@ -126,9 +134,9 @@ def path_of(module: Any) -> str | None:
     return e[0] if e is not None and e[1]() is module else None
 
 
-def _root_name(module: Any) -> str:
-    """The name that holds ``module`` in the first frame outside pprobe and torch."""
-    f: Any = sys._getframe(3)
+def _root_name(module: Any, f: Any) -> str:
+    """The name that holds ``module`` in the first frame outside pprobe and torch, from ``f``
+    outwards."""
     is_internal = recorder._is_internal
     while f is not None and is_internal(f.f_code):
         f = f.f_back
@@ -153,17 +161,18 @@ def _root_name(module: Any) -> str:
     return "model"
 
 
-def _assign(module: Any, loc: Any) -> str:
-    """Name a module seen for the first time, and its descendants."""
+def _assign(module: Any, outer: tuple[str, Any] | None, caller: Any) -> str:
+    """Name a module seen for the first time, and its descendants. ``outer``: (path, module)
+    of the module call running around it, if any; ``caller``: the frame its call came from
+    (or one of torch's frames between them)."""
     path = None
-    st = loc.mstack
-    if st is not None:
-        for name, m in st[1].named_modules():
+    if outer is not None:
+        for name, m in outer[1].named_modules():
             if m is module:
-                path = f"{st[0]}.{name}"
+                path = f"{outer[0]}.{name}"
                 break
     if path is None:
-        path = _root_name(module)
+        path = _root_name(module, caller)
     _remember(module, path)
     inner = getattr(module, "_orig_mod", None)  # torch.compile's OptimizedModule
     if isinstance(inner, torch.nn.Module):
@@ -175,6 +184,38 @@ def _assign(module: Any, loc: Any) -> str:
     return path
 
 
+# ---------------------------------------------------------------------- frames
+#: The code objects whose frames run a module call: nn.Module.__call__ is _wrapped_call_impl,
+#: which calls _call_impl (a direct call of _call_impl has that frame alone).
+_CALL_CODE = torch.nn.Module._call_impl.__code__
+_WRAPPED_CODE = torch.nn.Module._wrapped_call_impl.__code__
+_frames = False  # rows read their module from the frames (the native core), no global hooks
+
+
+def frame_path(f: Any) -> str | None:
+    """The path of the module whose call runs in frame ``f`` or, failing that, innermost above
+    it (frames mode: the native core asks for a module it has no path for). The modules whose
+    calls run around it are named first, outermost first, as the global hooks name them when
+    each call starts."""
+    chain: list[list[Any]] = []  # [module, the outermost frame of its call]
+    while f is not None:
+        c = f.f_code
+        if c is _CALL_CODE or c is _WRAPPED_CODE:
+            m = f.f_locals.get("self")
+            if m is not None:
+                if chain and chain[-1][0] is m:  # _call_impl inside _wrapped_call_impl
+                    chain[-1][1] = f
+                else:
+                    chain.append([m, f])
+        f = f.f_back
+    outer: tuple[str, Any] | None = None
+    for m, fr in reversed(chain):
+        e = _paths.get(id(m))
+        path = e[0] if e is not None and e[1]() is m else _assign(m, outer, fr.f_back)
+        outer = (path, m)
+    return outer[0] if outer is not None else None
+
+
 # ---------------------------------------------------------------------- the hooks
 def _pre(module: Any, args: Any) -> None:
     if _is_compiling():  # traced by dynamo as a no-op; compiled code has no module rows
@@ -182,7 +223,11 @@ def _pre(module: Any, args: Any) -> None:
     try:
         loc = _local
         e = _paths.get(id(module))
-        path = e[0] if e is not None and e[1]() is module else _assign(module, loc)
+        if e is not None and e[1]() is module:
+            path = e[0]
+        else:
+            st = loc.mstack
+            path = _assign(module, st and (st[0], st[1]), sys._getframe(1))
         rec = _begin(module, path, args, loc) if _rows and recorder._active else None
         # [the first autograd sequence number this forward can take, how many of the numbers
         # after it inner modules' forwards took] (None: nothing to tag)
@@ -467,12 +512,24 @@ def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
     _tag_nodes = "aten" in levels
     _grad_op = recorder.op("torch.autograd.accumulate_grad", "grad", "torch") if _grads else None
     _on = True
-    hooks = [
-        nn_module.register_module_forward_pre_hook(_pre),
-        nn_module.register_module_forward_hook(_post, always_call=True),
-    ]
-    _handles.extend(hooks)
-    _our_hook_ids.update(h.id for h in hooks)
+    # The api level alone needs the running module when a row is recorded, nothing per module
+    # call: the native core reads it from the frames (native.module_frames), and torch's
+    # _call_impl keeps its fast path. Module rows, autograd tags and gradient hooks need the
+    # global hooks (so does the Python engine, which has no frame reader of its own).
+    native = core.native
+    global _frames
+    _frames = native is not None and not (_rows or _tag_nodes or _grads)
+    if native is not None and _frames:
+        native.module_frames(True, _CALL_CODE, _WRAPPED_CODE, _paths, frame_path,
+                             recorder.training_started)  # fmt: skip
+        recorder.set_where(native.where)
+    else:
+        hooks = [
+            nn_module.register_module_forward_pre_hook(_pre),
+            nn_module.register_module_forward_hook(_post, always_call=True),
+        ]
+        _handles.extend(hooks)
+        _our_hook_ids.update(h.id for h in hooks)
     # torch.compile's OptimizedModule warns on every call when global module hooks exist
     # (torch/_dynamo/eval_frame.py asks nn.modules.module._has_any_global_hook()). pprobe's
     # hooks are not the program's: the program sees the warnings it would see without them.
@@ -489,13 +546,20 @@ def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
             m = ref()
             if m is not None and id(m) == i:
                 _watch_grads(m, path)
-    return {"module_rows": _rows, "params": _params, "grads": _grads}
+    return {"module_rows": _rows, "params": _params, "grads": _grads,
+            "module_paths": "frames" if _frames else "hooks"}  # fmt: skip
 
 
 def uninstall() -> None:
-    global _on, _orig_has_hook, _tag_nodes
+    global _on, _orig_has_hook, _tag_nodes, _frames
     _on = False
     _tag_nodes = False
+    if _frames:
+        _frames = False
+        recorder.set_where(None)
+        native = core.native
+        if native is not None:
+            native.module_frames(False, None, None, None, None, None)
     if _orig_has_hook is not None:
         from torch.nn.modules import module as nn_module
 

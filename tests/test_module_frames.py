@@ -1,0 +1,205 @@
+"""Module paths and phases read from the frames (the api level alone, native engine) are the
+ones the global module hooks give (the module level on, or the Python engine).
+
+With the api level alone the native core finds the running module when a row is recorded, in
+the innermost frame of ``nn.Module._call_impl`` / ``_wrapped_call_impl``, and installs no
+global module hook (torch's ``_call_impl`` keeps its fast path). Adding the module level
+installs the hooks; its module rows are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import meta, run_script, sql
+
+torch = pytest.importorskip("torch")
+
+PROG = """
+import threading
+import numpy as np
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.fc(x)) + float(np.sum(np.ones(2)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.Sequential(Block(), Block())
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x, helper=None):
+        h = self.blocks(x)
+        if helper is not None:
+            h = helper(h)  # a module that is not a descendant: named where it is called
+        return self.head(h)
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        x = x * 2
+        raise ValueError("boom")
+
+
+class Trainer:
+    def __init__(self):
+        self.enc = nn.Linear(4, 4)  # a root named by the attribute of ``self`` that holds it
+
+    def run(self, x):
+        return self.enc(x).relu()
+
+
+head = nn.Linear(4, 4)  # a root named by a global
+x = torch.randn(3, 4)
+torch.zeros(2).add(1)  # before training: init
+model = Net()
+extra = nn.Linear(4, 4)
+out = model(x, helper=extra)
+model.blocks[1].fc(x).sum()  # a descendant called on its own: its path below the root
+Trainer().run(x)
+head(x).mean()
+try:
+    Boom()(x)
+except ValueError:
+    pass
+torch.ones(2).mul(3)  # after a forward that raised: no module, phase other
+
+# LBFGS: the closure runs inside opt.step(): forward rows in the model, optimizer rows outside
+opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+
+
+def closure():
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+opt.step(closure)
+
+# another thread: its own frames
+t = threading.Thread(target=lambda: model.head(x).abs(), name="worker")
+t.start()
+t.join()
+print("ok")
+"""
+
+
+def _paths_fact(run: Path) -> str:
+    return meta(run)["coverage"]["frameworks"]["torch"]["torch"]["module_paths"]  # type: ignore[no-any-return]
+
+
+def _rows(run: Path) -> list[tuple]:
+    return [
+        (r["op"], r["caller"].rsplit(":", 1)[1], r["thread"], r["module_path"], r["phase"])
+        for r in sql(
+            run,
+            "SELECT op, caller, thread, module_path, phase FROM ops "
+            "WHERE kind <> 'module' AND caller LIKE '%prog.py:%' ORDER BY pid, seq",
+        )
+    ]
+
+
+def _line(prog: str, text: str) -> str:
+    """The line number (as a str) of the line of ``prog`` that holds ``text``."""
+    (n,) = [i for i, t in enumerate(prog.splitlines(), 1) if text in t]
+    return str(n)
+
+
+def test_frames_give_the_hooks_paths_and_phases(tmp_path: Path) -> None:
+    api = run_script(tmp_path / "a", PROG, env={"PPROBE_MODE": "log"}).check()
+    hooks = run_script(
+        tmp_path / "b", PROG, env={"PPROBE_MODE": "log", "PPROBE_TORCH_LEVEL": "api,module"}
+    ).check()
+    assert api.out.strip() == hooks.out.strip() == "ok"
+    engine = meta(api.run_dir)["core"]["engine"]
+    assert _paths_fact(api.run_dir) == ("frames" if engine == "native" else "hooks")
+    assert _paths_fact(hooks.run_dir) == "hooks"
+    got = _rows(api.run_dir)
+    assert got == _rows(hooks.run_dir)
+
+    def at(text: str) -> set[tuple[str, str, str | None, str]]:
+        line = _line(PROG, text)
+        return {(op, th, p, ph) for op, ln, th, p, ph in got if ln == line}
+
+    assert at("torch.zeros(2).add(1)") == {
+        ("torch.zeros", "MainThread", None, "init"),
+        ("torch.Tensor.add", "MainThread", None, "init"),
+    }
+    block = at("return self.act(self.fc(x))")
+    for i in (0, 1):
+        assert {
+            ("torch.nn.functional.linear", "MainThread", f"model.blocks.{i}.fc", "forward"),
+            ("torch.tanh", "MainThread", f"model.blocks.{i}.act", "forward"),
+            ("numpy.ones", "MainThread", f"model.blocks.{i}", "forward"),  # NumPy in a forward
+            ("numpy.sum", "MainThread", f"model.blocks.{i}", "forward"),
+            ("torch.Tensor.add", "MainThread", f"model.blocks.{i}", "forward"),
+        } <= block
+    assert len(block) == 10
+    assert at("h = helper(h)") == {
+        ("torch.nn.functional.linear", "MainThread", "helper", "forward")
+    }
+    assert at("return self.head(h)") == {
+        ("torch.nn.functional.linear", "MainThread", "model.head", "forward")
+    }
+    assert at("model.blocks[1].fc(x).sum()") == {
+        ("torch.nn.functional.linear", "MainThread", "model.blocks.1.fc", "forward"),
+        ("torch.Tensor.sum", "MainThread", None, "other"),
+    }
+    assert at("return self.enc(x).relu()") == {
+        ("torch.nn.functional.linear", "MainThread", "enc", "forward"),
+        ("torch.Tensor.relu", "MainThread", None, "other"),
+    }
+    assert at("head(x).mean()") == {
+        ("torch.nn.functional.linear", "MainThread", "head", "forward"),
+        ("torch.Tensor.mean", "MainThread", None, "other"),
+    }
+    # a temporary module that no name holds: "model" (docs/torch.md); after it raised, no module
+    assert at("x = x * 2") == {("torch.Tensor.mul", "MainThread", "model", "forward")}
+    assert at("torch.ones(2).mul(3)") == {
+        ("torch.ones", "MainThread", None, "other"),
+        ("torch.Tensor.mul", "MainThread", None, "other"),
+    }
+    # LBFGS: the closure runs inside opt.step(): the model's rows forward, the loss optimizer
+    assert at("loss = model(x).pow(2).mean()") == {
+        ("torch.Tensor.pow", "MainThread", None, "optimizer"),
+        ("torch.Tensor.mean", "MainThread", None, "optimizer"),
+    }
+    lbfgs_forwards = [r for r in got if r[1] == _line(PROG, "return self.head(h)")]
+    assert len(lbfgs_forwards) == 1 + 2  # the first call, then the closure's (max_iter=2)
+    # another thread's rows: its own frames
+    assert at("model.head(x).abs()") == {
+        ("torch.nn.functional.linear", "worker", "model.head", "forward"),
+        ("torch.Tensor.abs", "worker", None, "other"),
+    }
+
+
+def test_no_global_module_hook_with_frames(tmp_path: Path) -> None:
+    """The api level alone leaves torch's module calls on their fast path (native engine)."""
+    prog = """
+    import torch
+    from torch.nn.modules import module as m
+
+    lin = torch.nn.Linear(2, 2)
+    lin(torch.ones(1, 2))
+    print(len(m._global_forward_pre_hooks), len(m._global_forward_hooks_always_called))
+    """
+    r = run_script(tmp_path, prog, env={"PPROBE_MODE": "log"}).check()
+    engine = meta(r.run_dir)["core"]["engine"]
+    assert _paths_fact(r.run_dir) == ("frames" if engine == "native" else "hooks")
+    assert r.out.split() == (["0", "0"] if engine == "native" else ["1", "1"])
+    rows = sql(r.run_dir, "SELECT module_path, phase FROM ops WHERE op LIKE '%linear'")
+    assert rows == [{"module_path": "lin", "phase": "forward"}]
