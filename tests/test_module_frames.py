@@ -203,3 +203,97 @@ def test_no_global_module_hook_with_frames(tmp_path: Path) -> None:
     assert r.out.split() == (["0", "0"] if engine == "native" else ["1", "1"])
     rows = sql(r.run_dir, "SELECT module_path, phase FROM ops WHERE op LIKE '%linear'")
     assert rows == [{"module_path": "lin", "phase": "forward"}]
+
+
+ZERO_GRAD = """
+import torch
+from torch.overrides import TorchFunctionMode
+
+torch.manual_seed(0)
+net = torch.nn.Linear(3, 2)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+class Count(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step():
+    net(torch.ones(4, 3)).sum().backward()
+
+
+step()
+opt.zero_grad()                          # mark none: no row
+torch.ones(1).add(1)                     # mark after: the mode is back
+step()
+opt.zero_grad(set_to_none=False)         # mark zero: rows
+step()
+with Count() as c:
+    opt.zero_grad()                      # mark counted: a program's mode sees every call
+print(c.n, [p.grad for p in net.parameters()])
+opt.param_groups[0]["params"].append(object())
+try:
+    opt.zero_grad()                      # mark raises
+except AttributeError as e:
+    print(type(e).__name__, e)
+torch.ones(1).mul(2)                     # mark last: the mode is back
+"""
+
+
+def test_zero_grad_without_the_mode(tmp_path: Path) -> None:
+    """zero_grad() (set_to_none) runs with pprobe's api mode off the stack: no row is lost, a
+    program's own mode above it sees what it sees unprobed, and an exception leaves the mode
+    on."""
+    bare = run_script(tmp_path / "a", ZERO_GRAD, probe=False).check()
+    r = run_script(tmp_path / "b", ZERO_GRAD, env={"PPROBE_MODE": "log"}).check()
+    assert r.out == bare.out
+    assert r.out.splitlines() == [
+        "6 [None, None]",  # p.grad read and set for 2 parameters, the profiler's 2 calls
+        "AttributeError 'object' object has no attribute 'grad'",
+    ]
+    marks = {}
+    for number, text in enumerate(ZERO_GRAD.splitlines(), 1):
+        if "# mark " in text:
+            marks[str(number)] = text.split("# mark ")[1].split(":")[0].split()[0]
+    rows = sql(r.run_dir, "SELECT op, caller FROM ops WHERE caller LIKE '%prog.py:%'")
+    got: dict[str, set[str]] = {}
+    for x in rows:
+        mark = marks.get(x["caller"].rsplit(":", 1)[1])
+        if mark is not None:
+            got.setdefault(mark, set()).add(x["op"])
+    assert got == {
+        "after": {"torch.ones", "torch.Tensor.add"},
+        "zero": {"torch.Tensor.requires_grad_", "torch.Tensor.zero_"},
+        "last": {"torch.ones", "torch.Tensor.mul"},
+    }
+
+
+def test_zero_grad_takes_the_mode_off(tmp_path: Path) -> None:
+    """What the parameters' ``grad`` reads see of the mode stack inside zero_grad."""
+    prog = """
+    import torch
+
+    class Param:  # zero_grad reads p.grad: here a property that looks at the mode stack
+        seen = []
+
+        @property
+        def grad(self):
+            Param.seen.append(torch._C._len_torch_function_stack())
+            return None
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    opt.param_groups[0]["params"].append(Param())
+    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)
+    opt.zero_grad(True)
+    print(Param.seen, torch._C._len_torch_function_stack())
+    """
+    assert run_script(tmp_path / "a", prog, probe=False).check().out.split("]")[0] == "[0, 0, 0"
+    r = run_script(tmp_path / "b", prog, env={"PPROBE_MODE": "log"}).check()
+    assert r.out.strip() == "[0, 1, 0] 1"

@@ -26,6 +26,7 @@ fused kernels are not.
 from __future__ import annotations
 
 import atexit
+import functools
 import threading
 from types import FunctionType
 from typing import Any
@@ -382,6 +383,47 @@ def _at_exit() -> None:
             _report.internal_error("leaving the torch modes at exit", e)
 
 
+# ---------------------------------------------------------------------- zero_grad
+_orig_zero_grad: Any = None
+
+
+def _zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """``Optimizer.zero_grad`` with the api mode off this thread's stack while it sets the
+    gradients to None (its default): that makes no row, and each of its property reads and
+    writes (``p.grad``, two a parameter) and profiler calls would pass through the mode, which
+    costs ~1.3-2 us a call in torch before any handler runs. With ``set_to_none=False`` it
+    runs ops (``zero_``, ``_foreach_zero_``), which are rows: the mode stays."""
+    __tracebackhide__ = True
+    set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+    if set_to_none is not True or not _on or _is_compiling():
+        return _orig_zero_grad(self, *args, **kwargs)
+    try:
+        n = _C._len_torch_function_stack()
+        top = _C._get_function_stack_at(n - 1) if n else None
+    except Exception as e:
+        _report.internal_error("reading the torch function mode stack", e)
+        top = None
+    if top is None or top is not _api_mode:  # no mode of ours on top: nothing to take off
+        return _orig_zero_grad(self, *args, **kwargs)
+    mode = _C._pop_torch_function_stack()
+    try:
+        return _orig_zero_grad(self, *args, **kwargs)
+    finally:
+        _C._push_on_torch_function_stack(mode)
+
+
+def _patch_zero_grad(on: bool) -> None:
+    global _orig_zero_grad
+    opt = torch.optim.Optimizer
+    if on and _orig_zero_grad is None:
+        _orig_zero_grad = opt.zero_grad
+        opt.zero_grad = functools.wraps(_orig_zero_grad)(_zero_grad)  # type: ignore[method-assign]
+    elif not on and _orig_zero_grad is not None:
+        if getattr(opt.__dict__.get("zero_grad"), "__code__", None) is _zero_grad.__code__:
+            opt.zero_grad = _orig_zero_grad  # type: ignore[method-assign]
+        _orig_zero_grad = None
+
+
 # ---------------------------------------------------------------------- install
 def install() -> dict[str, Any]:
     """Enter the modes, install hooks and patches. Returns coverage facts for meta.json."""
@@ -404,6 +446,11 @@ def install() -> dict[str, Any]:
     recorder.want_parents("aten" in _levels or "module" in _levels)
     _entered.done = False
     _enter_modes()
+    if _api_mode is not None:
+        try:
+            _patch_zero_grad(True)
+        except Exception as e:
+            _report.internal_error("patching Optimizer.zero_grad", e)
     global _atexit_done
     if not _atexit_done:
         _atexit_done = True
@@ -442,5 +489,6 @@ def uninstall() -> None:
         # the interpreter finalizes: the last reference must never be theirs.
         _retired.extend(m for m in (_api_mode, _aten_mode) if m is not None)
         _api_mode = _aten_mode = None
+        _patch_zero_grad(False)
         torch_modules.uninstall()
         torch_dist.uninstall()
