@@ -3712,12 +3712,19 @@ static PyObject *frames_module(int *found) {
         PyObject *e = key ? PyDict_GetItemWithError(g_mod_paths, key) : NULL; /* borrowed */
         Py_XDECREF(key);
         if (e && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 2 &&
-            PyWeakref_CheckRef(PyTuple_GET_ITEM(e, 1)) &&
-            PyWeakref_GetObject(PyTuple_GET_ITEM(e, 1)) == m &&
-            PyUnicode_Check(PyTuple_GET_ITEM(e, 0)))
-            path = Py_NewRef(PyTuple_GET_ITEM(e, 0));
-        else if (!e)
+            PyWeakref_CheckRef(PyTuple_GET_ITEM(e, 1)) && PyUnicode_Check(PyTuple_GET_ITEM(e, 0))) {
+#if PY_VERSION_HEX >= 0x030D0000
+            PyObject *o = NULL;
+            if (PyWeakref_GetRef(PyTuple_GET_ITEM(e, 1), &o) < 0) drop_error();
+            if (o == m) path = Py_NewRef(PyTuple_GET_ITEM(e, 0));
+            Py_XDECREF(o);
+#else
+            if (PyWeakref_GetObject(PyTuple_GET_ITEM(e, 1)) == m)
+                path = Py_NewRef(PyTuple_GET_ITEM(e, 0));
+#endif
+        } else if (!e) {
             drop_error();
+        }
     }
     Py_XDECREF(m);
     if (!path && py_frame_path) { /* not named yet (or not weakly referenceable) */

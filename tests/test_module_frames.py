@@ -119,10 +119,15 @@ def _line(prog: str, text: str) -> str:
     return str(n)
 
 
-def test_frames_give_the_hooks_paths_and_phases(tmp_path: Path) -> None:
-    api = run_script(tmp_path / "a", PROG, env={"PPROBE_MODE": "log"}).check()
+# stats mode with PPROBE_ON_NAN: the native core hands each row to recorder._end (its module
+# and phase from the core's where()); log mode: the rows are the core's own
+@pytest.mark.parametrize(
+    "env", [{"PPROBE_MODE": "log"}, {"PPROBE_MODE": "stats", "PPROBE_ON_NAN": "warn"}]
+)
+def test_frames_give_the_hooks_paths_and_phases(tmp_path: Path, env: dict[str, str]) -> None:
+    api = run_script(tmp_path / "a", PROG, env=env).check()
     hooks = run_script(
-        tmp_path / "b", PROG, env={"PPROBE_MODE": "log", "PPROBE_TORCH_LEVEL": "api,module"}
+        tmp_path / "b", PROG, env={**env, "PPROBE_TORCH_LEVEL": "api,module"}
     ).check()
     assert api.out.strip() == hooks.out.strip() == "ok"
     engine = meta(api.run_dir)["core"]["engine"]
