@@ -2773,8 +2773,18 @@ fail:
 /* Record one call of op `opi` (a Python Op object `op` may be NULL: looked up by index).
  * fn/orig: what to call. `is_ufunc`: operators are recognised. */
 static void row_where(int32_t *module, int32_t *phase);
-static PyObject *frames_module(int *found);
-static int g_mod_frames;
+static PyObject *frames_module(int *found, int *opt_inner);
+static int g_mod_frames, g_mod_training;
+
+/* Frames mode, before training started: a module call running on this thread starts it (the
+ * hooks' pre-hook does so at the first module call), whether or not the api-level call that
+ * asks is a row (frames_module calls recorder.training_started). */
+static void training_check(void) {
+    int found;
+    PyObject *p = frames_module(&found, NULL);
+    Py_XDECREF(p);
+    drop_error();
+}
 
 static PyObject *record_call(Py_ssize_t opi, PyObject *op, PyObject *fn, vectorcallfunc orig,
                              PyObject *const *args, size_t nargsf, PyObject *kwnames,
@@ -3337,6 +3347,7 @@ static PyObject *torch_call(PyObject *self, PyObject *const *a, Py_ssize_t n) {
     }
     PyObject *func = a[0], *targs = a[1], *kw = a[2] == Py_None ? NULL : a[2];
     if (!g_active || !g_torch_ops) return PyObject_Call(func, targs, kw);
+    if (g_mod_frames && !g_mod_training && tl_depth < INTERNAL) training_check();
     Py_ssize_t opi = torch_op_index(func);
     if (opi < 0) return PyObject_Call(func, targs, kw);
     return record_torch(opi, func, targs, kw);
@@ -3453,6 +3464,7 @@ static PyObject *torch_function(PyObject *self, PyObject *const *a, size_t nargs
     if (!g_torch_on || !g_active || !g_torch_ops) return tf_plain(func, targs, kw, NULL);
     long depth = tl_depth;
     if (depth && (depth >= INTERNAL || !g_nested)) return tf_plain(func, targs, kw, NULL);
+    if (g_mod_frames && !g_mod_training) training_check();
     Py_ssize_t opi = torch_op_index(func);
     if (opi < 0) return tf_plain(func, targs, kw, NULL);
     PyFrameObject *f = PyEval_GetFrame();
@@ -3538,9 +3550,9 @@ static PyObject *Field_get(PyObject *self, PyObject *obj, PyObject *type) {
         case 1: return PyLong_FromLongLong(tl_parent);
         case 2: {
             /* in frames mode the module a row recorded here now would name */
-            if (tl_module || !g_mod_frames) return Py_NewRef(tl_module ? tl_module : Py_None);
+            if (!g_mod_frames) return Py_NewRef(tl_module ? tl_module : Py_None);
             int found;
-            PyObject *path = frames_module(&found);
+            PyObject *path = frames_module(&found, NULL);
             if (PyErr_Occurred()) {
                 Py_XDECREF(path);
                 return NULL;
@@ -3652,6 +3664,8 @@ static PyObject *set_default_phase(PyObject *self, PyObject *arg) {
 static int g_mod_frames = 0;   /* on: rows read their module from the frames */
 static int g_mod_training = 0; /* recorder.training_started() was called by this mechanism */
 static PyObject *g_code_call = NULL, *g_code_wrapped = NULL; /* the two code objects */
+/* the code of Optimizer.step's wrapper (Optimizer.profile_hook_step), or NULL */
+static PyObject *g_code_opt = NULL;
 static PyObject *g_mod_paths = NULL;    /* torch_modules._paths */
 static PyObject *py_frame_path = NULL;  /* torch_modules.frame_path(frame) -> str | None */
 static PyObject *py_train_start = NULL; /* recorder.training_started */
@@ -3680,15 +3694,19 @@ static PyObject *frame_self(PyFrameObject *f) {
 }
 
 /* The path of the module whose call runs innermost on this thread (new reference), or NULL
- * (none, or naming it failed: reported). *found: a module call is running. */
-static PyObject *frames_module(int *found) {
+ * (none, or naming it failed: reported). *found: a module call is running; *opt_inner (may be
+ * NULL): an optimizer's step() runs inside that module call (its rows keep the optimizer
+ * phase, as with the hooks, whose step pre-hook sets it after the module's). */
+static PyObject *frames_module(int *found, int *opt_inner) {
     *found = 0;
+    if (opt_inner) *opt_inner = 0;
     PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
     if (!f || !g_code_call) return NULL;
     Py_INCREF(f);
     while (1) {
         PyCodeObject *code = PyFrame_GetCode(f);
         int hit = (PyObject *)code == g_code_call || (PyObject *)code == g_code_wrapped;
+        if (opt_inner && (PyObject *)code == g_code_opt && g_code_opt) *opt_inner = 1;
         Py_DECREF(code);
         if (hit) break;
         PyFrameObject *b = PyFrame_GetBack(f);
@@ -3747,10 +3765,11 @@ static PyObject *frames_module(int *found) {
 static PyObject *row_where_obj(PyObject **phase) {
     PyObject *ph = tl_phase ? tl_phase : g_phase_default;
     *phase = ph;
-    if (!g_mod_frames || tl_module) return tl_module ? Py_NewRef(tl_module) : NULL;
-    int found;
-    PyObject *path = frames_module(&found);
-    if (found && !(tl_phase && (tl_phase == s_backward ||
+    /* (in frames mode no hook sets tl_module: a value there is a hooks session's, stale) */
+    if (!g_mod_frames) return tl_module ? Py_NewRef(tl_module) : NULL;
+    int found, opt_inner;
+    PyObject *path = frames_module(&found, &opt_inner);
+    if (found && !opt_inner && !(tl_phase && (tl_phase == s_backward ||
                                 (PyUnicode_Check(tl_phase) &&
                                  PyUnicode_CompareWithASCIIString(tl_phase, "backward") == 0))))
         *phase = s_forward;
@@ -3772,13 +3791,14 @@ static void row_where(int32_t *module, int32_t *phase) {
 
 static PyObject *module_frames(PyObject *self, PyObject *args) {
     /* module_frames(on, _call_impl code, _wrapped_call_impl code, torch_modules._paths,
-     * torch_modules.frame_path, recorder.training_started); off: module_frames(False, None,
-     * None, None, None, None) */
+     * torch_modules.frame_path, recorder.training_started, Optimizer.step's wrapper code or
+     * None); off: module_frames(False, None, None, None, None, None, None) */
     int on;
-    PyObject *c1, *c2, *paths, *fp, *ts;
-    if (!PyArg_ParseTuple(args, "pOOOOO", &on, &c1, &c2, &paths, &fp, &ts)) return NULL;
-    if (on && !(PyCode_Check(c1) && PyCode_Check(c2) && PyDict_Check(paths))) {
-        PyErr_SetString(PyExc_TypeError, "module_frames(on, code, code, dict, fn, fn)");
+    PyObject *c1, *c2, *paths, *fp, *ts, *co;
+    if (!PyArg_ParseTuple(args, "pOOOOOO", &on, &c1, &c2, &paths, &fp, &ts, &co)) return NULL;
+    if (on && !(PyCode_Check(c1) && PyCode_Check(c2) && PyDict_Check(paths) &&
+                (co == Py_None || PyCode_Check(co)))) {
+        PyErr_SetString(PyExc_TypeError, "module_frames(on, code, code, dict, fn, fn, code)");
         return NULL;
     }
     if (!str_self && !(str_self = PyUnicode_InternFromString("self"))) return NULL;
@@ -3791,7 +3811,9 @@ static PyObject *module_frames(PyObject *self, PyObject *args) {
     Py_CLEAR(g_mod_paths);
     Py_CLEAR(py_frame_path);
     Py_CLEAR(py_train_start);
+    Py_CLEAR(g_code_opt);
     if (on) {
+        g_code_opt = co == Py_None ? NULL : Py_NewRef(co);
         g_code_call = Py_NewRef(c1);
         g_code_wrapped = Py_NewRef(c2);
         g_mod_paths = Py_NewRef(paths);

@@ -302,3 +302,92 @@ def test_zero_grad_takes_the_mode_off(tmp_path: Path) -> None:
     assert run_script(tmp_path / "a", prog, probe=False).check().out.split("]")[0] == "[0, 0, 0"
     r = run_script(tmp_path / "b", prog, env={"PPROBE_MODE": "log"}).check()
     assert r.out.strip() == "[0, 1, 0] 1"
+
+
+EDGES = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+
+
+class TrainStep(nn.Module):  # a module whose forward steps an optimizer (meta-learning style)
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+    def forward(self, x):
+        loss = self.net(x).pow(2).mean()
+        loss.backward()
+        self.opt.step()                                  # mark step: optimizer rows
+        return loss
+
+
+class Quiet(nn.Module):
+    def forward(self, x):
+        return torch.nn.functional.relu(x)               # excluded: no row
+
+
+quiet = Quiet()
+quiet(torch.ones(2))                                     # the first module call: no row
+torch.ones(2).add(1)                                     # mark after: training started
+TrainStep()(torch.ones(4, 3))
+"""
+
+
+def test_optimizer_inside_a_forward_and_training_start(tmp_path: Path) -> None:
+    """An optimizer stepped inside a module's forward gives optimizer rows (the hooks set the
+    phase at the step's start, after the module's); a first module call that records nothing
+    still starts training (rows after it are ``other``, not ``init``)."""
+    env = {"PPROBE_MODE": "log", "PPROBE_EXCLUDE": "torch.nn.functional.relu"}
+    api = run_script(tmp_path / "a", EDGES, env=env).check()
+    hooks = run_script(tmp_path / "b", EDGES, env={**env, "PPROBE_TORCH_LEVEL": "api,module"})
+    assert _rows(api.run_dir) == _rows(hooks.check().run_dir)
+    line = {k: _line(EDGES, f"# mark {k}") for k in ("step", "after")}
+    got = {(ln, op, p, ph) for op, ln, _, p, ph in _rows(api.run_dir) if ln in line.values()}
+    assert {(op, p, ph) for ln, op, p, ph in got if ln == line["after"]} == {
+        ("torch.ones", None, "other"),
+        ("torch.Tensor.add", None, "other"),
+    }
+    step = {(op, p, ph) for ln, op, p, ph in got if ln == line["step"]}
+    assert step and {ph for _, _, ph in step} == {"optimizer"}
+    assert {p for _, p, _ in step} == {"model"}  # inside the (unnamed) TrainStep's call
+
+
+SESSIONS = """
+import functools
+import pprobe
+import torch
+
+net = torch.nn.Linear(2, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+kept = opt.zero_grad                       # a bound method kept across sessions
+orig = torch.optim.Optimizer.zero_grad
+
+
+@functools.wraps(orig)
+def wrapped(self, *a, **k):                # a library's wrapper over pprobe's
+    return orig(self, *a, **k)
+
+
+torch.optim.Optimizer.zero_grad = wrapped
+net(torch.ones(1, 2)).sum().backward()
+pprobe.disable()
+kept()
+opt.zero_grad()
+pprobe.enable()
+net(torch.ones(1, 2)).sum().backward()
+opt.zero_grad()
+net(torch.ones(1, 2)).sum().backward()
+kept(set_to_none=False)
+print([p.grad for p in net.parameters()][0] is None, torch._C._len_torch_function_stack())
+"""
+
+
+def test_zero_grad_across_sessions(tmp_path: Path) -> None:
+    """pprobe's zero_grad keeps working after the probe stops and starts again, also when it
+    was kept as a bound method or wrapped by someone else."""
+    r = run_script(tmp_path, SESSIONS, env={"PPROBE_MODE": "log"}).check()
+    assert r.out.split() == ["False", "1"]  # zeroed in place (set_to_none=False); mode on
+    assert "Error" not in r.err

@@ -384,44 +384,55 @@ def _at_exit() -> None:
 
 
 # ---------------------------------------------------------------------- zero_grad
-_orig_zero_grad: Any = None
+_orig_zero_grad: Any = None  # Optimizer.zero_grad as pprobe found it (None: not patched)
+_zero_grad: Any = None  # the patch in place
 
 
-def _zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """``Optimizer.zero_grad`` with the api mode off this thread's stack while it sets the
-    gradients to None (its default): that makes no row, and each of its property reads and
-    writes (``p.grad``, two a parameter) and profiler calls would pass through the mode, which
-    costs ~1.3-2 us a call in torch before any handler runs. With ``set_to_none=False`` it
-    runs ops (``zero_``, ``_foreach_zero_``), which are rows: the mode stays."""
-    __tracebackhide__ = True
-    set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-    if set_to_none is not True or not _on or _is_compiling():
-        return _orig_zero_grad(self, *args, **kwargs)
-    try:
-        n = _C._len_torch_function_stack()
-        top = _C._get_function_stack_at(n - 1) if n else None
-    except Exception as e:
-        _report.internal_error("reading the torch function mode stack", e)
-        top = None
-    if top is None or top is not _api_mode:  # no mode of ours on top: nothing to take off
-        return _orig_zero_grad(self, *args, **kwargs)
-    mode = _C._pop_torch_function_stack()
-    try:
-        return _orig_zero_grad(self, *args, **kwargs)
-    finally:
-        _C._push_on_torch_function_stack(mode)
+def _zero_grad_for(orig: Any) -> Any:
+    """``Optimizer.zero_grad`` (``orig``) with the api mode off this thread's stack while it
+    sets the gradients to None (its default): that makes no row, and each of its property
+    reads and writes (``p.grad``, two a parameter) and profiler calls would pass through the
+    mode, which costs ~1.3-2 us a call in torch before any handler runs. With
+    ``set_to_none=False`` it runs ops (``zero_``, ``_foreach_zero_``), which are rows: the mode
+    stays. ``orig`` is held by the closure: a patch still referenced after uninstall (a bound
+    method kept, another library's wrapper around it) goes on calling it."""
+
+    @functools.wraps(orig)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+        mode = _api_mode
+        if set_to_none is not True or not _on or mode is None or _is_compiling():
+            return orig(self, *args, **kwargs)
+        try:
+            n = _C._len_torch_function_stack()
+            top = _C._get_function_stack_at(n - 1) if n else None
+        except Exception as e:
+            _report.internal_error("reading the torch function mode stack", e)
+            return orig(self, *args, **kwargs)
+        if top is not mode:  # a program's mode above ours, or none of ours: as it is
+            return orig(self, *args, **kwargs)
+        try:
+            _C._pop_torch_function_stack()  # (in the try: an interrupt right after it)
+            return orig(self, *args, **kwargs)
+        finally:
+            if _C._len_torch_function_stack() < n:
+                _C._push_on_torch_function_stack(mode)
+
+    return zero_grad
 
 
 def _patch_zero_grad(on: bool) -> None:
-    global _orig_zero_grad
+    global _orig_zero_grad, _zero_grad
     opt = torch.optim.Optimizer
     if on and _orig_zero_grad is None:
         _orig_zero_grad = opt.zero_grad
-        opt.zero_grad = functools.wraps(_orig_zero_grad)(_zero_grad)  # type: ignore[method-assign]
+        _zero_grad = _zero_grad_for(_orig_zero_grad)
+        opt.zero_grad = _zero_grad  # type: ignore[method-assign]
     elif not on and _orig_zero_grad is not None:
-        if getattr(opt.__dict__.get("zero_grad"), "__code__", None) is _zero_grad.__code__:
+        if opt.__dict__.get("zero_grad") is _zero_grad:  # (else another wrapper holds ours)
             opt.zero_grad = _orig_zero_grad  # type: ignore[method-assign]
-        _orig_zero_grad = None
+        _orig_zero_grad = _zero_grad = None
 
 
 # ---------------------------------------------------------------------- install

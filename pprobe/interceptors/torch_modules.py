@@ -189,6 +189,18 @@ def _assign(module: Any, outer: tuple[str, Any] | None, caller: Any) -> str:
 #: which calls _call_impl (a direct call of _call_impl has that frame alone).
 _CALL_CODE = torch.nn.Module._call_impl.__code__
 _WRAPPED_CODE = torch.nn.Module._wrapped_call_impl.__code__
+
+
+def _step_wrapper_code() -> Any:
+    """The code of the wrapper that ``Optimizer.profile_hook_step`` puts around every
+    optimizer's ``step`` (its frame: a step running), or None in a torch without it."""
+    f = getattr(torch.optim.Optimizer, "profile_hook_step", None)
+    for c in getattr(getattr(f, "__code__", None), "co_consts", ()):
+        if isinstance(c, type(_CALL_CODE)) and c.co_name == "wrapper":
+            return c
+    return None
+
+
 _frames = False  # rows read their module from the frames (the native core), no global hooks
 
 
@@ -521,7 +533,7 @@ def install(levels: tuple[str, ...], params: tuple[str, ...]) -> dict[str, Any]:
     _frames = native is not None and not (_rows or _tag_nodes or _grads)
     if native is not None and _frames:
         native.module_frames(True, _CALL_CODE, _WRAPPED_CODE, _paths, frame_path,
-                             recorder.training_started)  # fmt: skip
+                             recorder.training_started, _step_wrapper_code())  # fmt: skip
         recorder.set_where(native.where)
     else:
         hooks = [
@@ -559,7 +571,7 @@ def uninstall() -> None:
         recorder.set_where(None)
         native = core.native
         if native is not None:
-            native.module_frames(False, None, None, None, None, None)
+            native.module_frames(False, None, None, None, None, None, None)
     if _orig_has_hook is not None:
         from torch.nn.modules import module as nn_module
 
