@@ -3776,8 +3776,14 @@ static PyObject *row_where_obj(PyObject **phase) {
     return path;
 }
 
-/* (called with the call's exception set when it raised: kept as it is) */
+/* (called with the call's exception set when it raised: kept as it is; in frames mode the
+ * walk may run Python code, so the exception is set aside around it) */
 static void row_where(int32_t *module, int32_t *phase) {
+    if (!g_mod_frames) { /* the hooks' per-thread fields: no Python code runs */
+        *module = tl_module ? sid_of(tl_module) : -1;
+        *phase = sid_of(tl_phase ? tl_phase : g_phase_default);
+        return;
+    }
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     PyObject *ph;
