@@ -1057,12 +1057,27 @@ class Dumper:
 
     def _direct_summary(self) -> dict[str, Any]:
         """meta.json's PPROBE_DUMP_DIRECT, the files written with O_DIRECT (None: the Python
-        writer, which writes through the page cache) and whether the folder's file system
-        refused O_DIRECT (files written through the page cache from then on)."""
+        writer, which writes through the page cache), whether the folder's file system
+        refused O_DIRECT (files written through the page cache from then on), and the dumps
+        of 32 KiB and more whose copy went into a block the native writer kept (reused) or
+        into a fresh one (None: the Python writer)."""
         if not isinstance(self.io, NativeQueue):
-            return {"direct": self.direct, "direct_files": None, "direct_refused": False}
+            return {
+                "direct": self.direct,
+                "direct_files": None,
+                "direct_refused": False,
+                "blocks_reused": None,
+                "blocks_fresh": None,
+            }
         _, ok, files = self.io.m.direct()
-        return {"direct": self.direct, "direct_files": files, "direct_refused": not ok}
+        _, _, reused, fresh = self.io.m.pool()
+        return {
+            "direct": self.direct,
+            "direct_files": files,
+            "direct_refused": not ok,
+            "blocks_reused": reused,
+            "blocks_fresh": fresh,
+        }
 
     def summary(self) -> dict[str, Any]:
         # The budget is the run's: another process of the run may have used it up.

@@ -623,6 +623,60 @@ def test_large_files_are_written_two_at_once_and_each_is_whole(tmp_path: Path) -
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+def test_dump_blocks_are_reused_within_a_bound_and_given_back(tmp_path: Path) -> None:
+    """The native queue keeps the blocks of dumps of 32 KiB and more once written (up to
+    half the queue's memory) and hands them to the next dumps of their size: every file has
+    its own bytes all the same, the kept bytes stay within the bound, close() gives them
+    back, and a forked child starts with none of its parent's."""
+    mod = core.dumpio()
+    if mod is None:
+        pytest.skip("no native dump writer")
+    q = dumps.NativeQueue(mod)
+    rng = np.random.default_rng(7)
+    d = tmp_path / "run"
+    d.mkdir()
+    fd = os.open(d, os.O_RDONLY)
+    want: dict[str, np.ndarray] = {}
+    try:
+        q.open(fd, 8 << 20)
+        kept, most, hits0, misses0 = mod.pool()
+        assert most == 4 << 20
+        for i in range(24):  # one at a time: each finds the block the one before gave back
+            a = rng.standard_normal(40_000 if i % 2 else 5_000)  # 320 KB (a file), 40 KB
+            want[f"a{i}.npy"] = a
+            assert q.submit(f"a{i}.npy", b"H" * 64, a, None, True)
+            assert q.wait(q.ticket(), 30.0)
+        kept, most, hits, misses = mod.pool()
+        assert hits - hits0 >= 20 and misses - misses0 <= 4, (hits, misses)
+        assert 0 < kept <= most
+        for i in range(40):  # 40 MB through an 8 MB queue: at most 4 MB kept
+            a = np.full(1 << 17, float(i))
+            want[f"b{i}.npy"] = a
+            assert q.submit(f"b{i}.npy", b"H" * 64, a, None, True)
+        assert q.wait(q.ticket(), 60.0)
+        assert 0 < mod.pool()[0] <= most
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: none of the parent's blocks
+            os.close(r)
+            os.write(w, str(mod.pool()[0]).encode())
+            os._exit(0)
+        os.close(w)
+        assert os.read(r, 64) == b"0"
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert q.close(30.0)
+        deadline = time.monotonic() + 10
+        while mod.pool()[0] and time.monotonic() < deadline:  # (the writer exits after close)
+            time.sleep(0.01)
+        assert mod.pool()[0] == 0
+    finally:
+        os.close(fd)
+    for name, a in want.items():
+        raw = (d / name).read_bytes()
+        assert raw[:64] == b"H" * 64 and np.array_equal(np.frombuffer(raw[64:]), a), name
+
+
 def _takes_o_direct(d: Path) -> bool:
     """The file system of folder d opens files with O_DIRECT (ext4, xfs; tmpfs since 6.6)."""
     if not hasattr(os, "O_DIRECT"):
@@ -724,8 +778,10 @@ def test_o_direct_dumps_load_back_and_meta_counts_them(tmp_path: Path) -> None:
         assert np.array_equal(pprobe.load(by_role["output"], run=str(r.run_dir)), -x)
     if m["writer"] == "native":
         assert m["direct_files"] == 12
+        # 12 copies of ~512 KB, each into a kept block or a new one
+        assert m["blocks_reused"] + m["blocks_fresh"] == 12 and m["blocks_fresh"] >= 1
     else:
-        assert m["direct_files"] is None
+        assert m["direct_files"] is None and m["blocks_reused"] is None
 
 
 def test_a_content_whose_file_failed_is_written_again(tmp_path: Path) -> None:
