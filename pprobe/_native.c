@@ -4684,13 +4684,9 @@ done:
    count, validity bitmap or None, int32 indices ids + 1) as bytes. ids: as utf8_column's.
    One pass in C with the GIL held: NumPy's passes would each hand the GIL to the program's
    thread and wait to get it back. */
-static PyObject *dict_indices(PyObject *self, PyObject *arg) {
-    Py_buffer ib;
-    Ids v;
-    if (PyObject_GetBuffer(arg, &ib, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+static PyObject *dict_indices_of(const Ids *vp, Py_ssize_t n) {
+    const Ids v = *vp;
     PyObject *out = NULL, *idx = NULL, *bitmap = NULL;
-    if (ids_of(&ib, &v) < 0) goto done;
-    Py_ssize_t n = ib.shape ? ib.shape[0] : ib.len / ib.itemsize;
     int64_t first = n ? id_at(&v, 0) : -1;
     Py_ssize_t k = 1;
     while (k < n && id_at(&v, k) == first) k++;
@@ -4720,9 +4716,184 @@ static PyObject *dict_indices(PyObject *self, PyObject *arg) {
     }
     out = Py_BuildValue("(nOO)", nulls, bitmap ? bitmap : Py_None, idx);
 done:
-    PyBuffer_Release(&ib);
     Py_XDECREF(idx);
     Py_XDECREF(bitmap);
+    return out;
+}
+
+static PyObject *dict_indices(PyObject *self, PyObject *arg) {
+    Py_buffer ib;
+    Ids v;
+    if (PyObject_GetBuffer(arg, &ib, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    PyObject *out = NULL;
+    if (ids_of(&ib, &v) == 0) out = dict_indices_of(&v, ib.shape ? ib.shape[0] : ib.len / ib.itemsize);
+    PyBuffer_Release(&ib);
+    return out;
+}
+
+/* dict_take(table, idx[, inner]) -> dict_indices(ids) for ids[k] = table[j], where j is
+   idx[k] (inner[idx[k]] with inner), and -1 where j is negative: an op, site or thread
+   column of pprobe.writer in one pass, from a record buffer's field as it is (strided).
+   The twin: NumPy's fancy indexing and np.where, then arrowipc.dict_indices. table, idx and
+   inner: 1-d int32 or int64 buffers; an index past table or inner is an IndexError. */
+static PyObject *dict_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "dict_take(table, idx, inner=None)");
+        return NULL;
+    }
+    Py_buffer b[3];
+    Ids v[3];
+    Py_ssize_t len[3] = {0, 0, 0};
+    int got = 0, m = nargs == 3 && args[2] != Py_None ? 3 : 2;
+    PyObject *out = NULL;
+    int64_t *tmp = NULL;
+    for (; got < m; got++) {
+        if (PyObject_GetBuffer(args[got], &b[got], PyBUF_STRIDES | PyBUF_FORMAT) < 0) goto done;
+        if (ids_of(&b[got], &v[got]) < 0) {
+            got++;
+            goto done;
+        }
+        len[got] = b[got].shape ? b[got].shape[0] : b[got].len / b[got].itemsize;
+    }
+    Py_ssize_t n = len[1];
+    tmp = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (!tmp) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t j = id_at(&v[1], k);
+        if (j >= 0 && m == 3) {
+            if (j >= len[2]) goto past;
+            j = id_at(&v[2], (Py_ssize_t)j);
+        }
+        if (j >= 0) {
+            if (j >= len[0]) goto past;
+            j = id_at(&v[0], (Py_ssize_t)j);
+        }
+        tmp[k] = j < 0 ? -1 : j;
+    }
+    const Ids w = {(const char *)tmp, 8, 1};
+    out = dict_indices_of(&w, n);
+    goto done;
+past:
+    PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
+done:
+    PyMem_Free(tmp);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return out;
+}
+
+/* arg_column(refs, objs, cache) -> the args column of pprobe.writer._args: (null count,
+   validity bitmap or None, int32 offsets, UTF-8 data) as bytes, where row k is the text
+   cache holds for the set objs[refs[k]] (null where refs[k] is negative); or, where some
+   sets have no text there yet, the list of those sets (each once, by identity) for the
+   writer to make and add, before it calls again. cache maps id(set) to (set, text bytes),
+   (the core shares one tuple between the rows whose args are the same).
+   refs: a 1-d int32 or int64 buffer, any stride (the record buffer's field). Its twin: the
+   writer's arg_texts and utf8_column path. */
+static PyObject *arg_column(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyList_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "arg_column(refs, objs: list, cache: dict)");
+        return NULL;
+    }
+    PyObject *objs = args[1], *cache = args[2];
+    Py_buffer ib;
+    Ids v;
+    if (PyObject_GetBuffer(args[0], &ib, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    PyObject *out = NULL, *offsets = NULL, *bitmap = NULL, *data = NULL, *misses = NULL;
+    PyObject **texts = NULL; /* (borrowed: the cache holds them) */
+    Map2 seen = {0}; /* set -> a: 2 its text in b (borrowed), 1 listed in misses */
+    if (ids_of(&ib, &v) < 0) goto done;
+    Py_ssize_t n = ib.shape ? ib.shape[0] : ib.len / ib.itemsize;
+    Py_ssize_t nobjs = PyList_GET_SIZE(objs), nulls = 0;
+    texts = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(PyObject *));
+    offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    if (!texts || !offsets) {
+        if (!texts) PyErr_NoMemory();
+        goto done;
+    }
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    int64_t total = 0;
+    PyObject *prev = NULL, *prev_text = NULL;
+    off[0] = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t r = id_at(&v, k);
+        PyObject *text = NULL;
+        if (r < 0) {
+            nulls++;
+        } else if (r >= nobjs) {
+            PyErr_SetString(PyExc_IndexError, "arg_column: a reference past objs");
+            goto done;
+        } else {
+            PyObject *p = PyList_GET_ITEM(objs, (Py_ssize_t)r);
+            if (p == prev) {
+                text = prev_text;
+            } else {
+                Slot2 *s2 = map2_put(&seen, p, 0); /* (objs holds p meanwhile) */
+                if (!s2) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                if (!s2->a) { /* the set's first row in this call: the cache, once */
+                    PyObject *key = PyLong_FromVoidPtr(p);
+                    if (!key) goto done;
+                    PyObject *e = PyDict_GetItemWithError(cache, key); /* borrowed */
+                    Py_DECREF(key);
+                    if (e && PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 2 &&
+                        PyTuple_GET_ITEM(e, 0) == p && PyBytes_Check(PyTuple_GET_ITEM(e, 1))) {
+                        s2->a = 2;
+                        s2->b = (intptr_t)PyTuple_GET_ITEM(e, 1);
+                    } else if (PyErr_Occurred()) {
+                        goto done;
+                    } else { /* met for the first time */
+                        s2->a = 1;
+                        if (!misses && !(misses = PyList_New(0))) goto done;
+                        if (PyList_Append(misses, p) < 0) goto done;
+                    }
+                }
+                text = s2->a == 2 ? (PyObject *)s2->b : NULL;
+                prev = p;
+                prev_text = text;
+            }
+            if (text) {
+                total += PyBytes_GET_SIZE(text);
+                if (total >= ((int64_t)1 << 31)) {
+                    PyErr_SetString(PyExc_ValueError,
+                                    "a string column of 2 GiB or more in one batch");
+                    goto done;
+                }
+            }
+        }
+        texts[k] = text;
+        off[k + 1] = (int32_t)total;
+    }
+    if (misses) {
+        out = Py_NewRef(misses);
+        goto done;
+    }
+    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (!data) goto done;
+    char *dst = PyBytes_AS_STRING(data);
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (texts[k])
+            memcpy(dst + off[k], PyBytes_AS_STRING(texts[k]), (size_t)(off[k + 1] - off[k]));
+    if (nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) goto done;
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((id_at(&v, k) >= 0) << (k & 7));
+    }
+    out = Py_BuildValue("(nOOO)", nulls, bitmap ? bitmap : Py_None, offsets, data);
+done:
+    PyBuffer_Release(&ib);
+    PyMem_Free(texts);
+    map2_clear(&seen, 0);
+    Py_XDECREF(misses);
+    Py_XDECREF(offsets);
+    Py_XDECREF(bitmap);
+    Py_XDECREF(data);
     return out;
 }
 
@@ -4771,73 +4942,6 @@ static PyObject *arg_keys(PyObject *self, PyObject *sets) {
 fail:
     Py_DECREF(out);
     return NULL;
-}
-
-/* arg_texts(sets, cache) -> (texts, misses): the args column's texts of the sets of (name,
-   value) pairs that the writer has met before as these very objects (pprobe.writer._args).
-   The core shares one args tuple between the rows whose args are the same in every type and
-   bit (args_interned), so most rows' sets are objects seen in an earlier row. cache maps
-   id(set) to (set, text); holding the set keeps its id from being reused. texts has that
-   text, or None, per set; misses lists the first position of each set (by identity) that has
-   none, for the writer to make (by value) and add: a set met in thousands of rows of a first
-   flush is listed once. No key tuple is built and nothing is hashed but the id. */
-static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyList_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "arg_texts(sets: list, cache: dict)");
-        return NULL;
-    }
-    PyObject *sets = args[0], *cache = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(sets);
-    PyObject *texts = PyList_New(n), *misses = PyList_New(0), *out = NULL;
-    Map2 missed = {0}; /* the sets listed in misses (borrowed keys) */
-    if (!texts || !misses) goto done;
-    PyObject *prev = NULL, *prev_text = NULL; /* (borrowed: the cache holds them) */
-    PyObject *prev_miss = NULL;               /* the last set listed in misses (borrowed) */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = PyList_GET_ITEM(sets, i), *text = NULL;
-        if (p == prev) {
-            text = prev_text;
-        } else if (p == prev_miss) {
-            text = Py_None;
-        } else {
-            PyObject *key = PyLong_FromVoidPtr(p);
-            if (!key) goto done;
-            PyObject *e = PyDict_GetItemWithError(cache, key); /* borrowed */
-            Py_DECREF(key);
-            if (e && PyTuple_CheckExact(e) && PyTuple_GET_SIZE(e) == 2 &&
-                PyTuple_GET_ITEM(e, 0) == p) {
-                text = PyTuple_GET_ITEM(e, 1);
-                prev = p;
-                prev_text = text;
-            } else if (PyErr_Occurred()) {
-                goto done;
-            }
-        }
-        if (!text) {
-            Slot2 *m = map2_put(&missed, p, 0); /* (sets holds p meanwhile) */
-            if (!m) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            if (!m->a) {
-                m->a = 1;
-                PyObject *at = PyLong_FromSsize_t(i);
-                if (!at) goto done;
-                int r = PyList_Append(misses, at);
-                Py_DECREF(at);
-                if (r < 0) goto done;
-            }
-            prev_miss = p;
-            text = Py_None;
-        }
-        PyList_SET_ITEM(texts, i, Py_NewRef(text));
-    }
-    out = PyTuple_Pack(2, texts, misses);
-done:
-    Py_XDECREF(texts);
-    Py_XDECREF(misses);
-    map2_clear(&missed, 0);
-    return out;
 }
 
 /* shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None: the shape
@@ -5661,8 +5765,6 @@ static PyMethodDef methods[] = {
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
     {"shape_lists", (PyCFunction)(void (*)(void))shape_lists, METH_FASTCALL,
      "shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None"},
-    {"arg_texts", (PyCFunction)(void (*)(void))arg_texts, METH_FASTCALL,
-     "arg_texts(sets, cache) -> (texts, misses): the texts of sets met before (writer._args)"},
     {"ipc_schema_message", ipc_schema_message, METH_VARARGS,
      "ipc_schema_message(fields, metadata) -> bytes: arrowipc.schema_message's twin"},
     {"ipc_batch_message", ipc_batch_message, METH_VARARGS,
@@ -5672,6 +5774,10 @@ static PyMethodDef methods[] = {
      "ipc_lz4_periodic(pattern, size) -> bytes: arrowipc.lz4_periodic's twin"},
     {"ipc_writev", ipc_writev, METH_VARARGS,
      "ipc_writev(fd, pieces): safefs.write_all_v's twin (the GIL released while writing)"},
+    {"dict_take", (PyCFunction)(void (*)(void))dict_take, METH_FASTCALL,
+     "dict_take(table, idx, inner=None) -> dict_indices(table[idx]) in one pass"},
+    {"arg_column", (PyCFunction)(void (*)(void))arg_column, METH_FASTCALL,
+     "arg_column(refs, objs, cache) -> the args column, or the sets without a text"},
     {"dict_indices", dict_indices, METH_O,
      "dict_indices(ids) -> the one id of every row, or (nulls, bitmap or None, int32 indices): "
      "arrowipc.dict_indices's twin"},

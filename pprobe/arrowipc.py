@@ -357,18 +357,43 @@ def dict_indices(np: Any, ids: Any) -> Column:
         lo = hi = got
     else:
         lo, hi = int(ids.min()), int(ids.max())
+    if lo == hi:
+        return _one_index(np, lo, n)
     if hi + 1 >= 1 << 31:
         raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
-    if lo == hi:
-        if lo < 0:
-            return nulls(np, INT32, n)
-        return Column(n, 0, [None, Const(struct.pack("<i", lo + 1), 4 * n)])
     idx = np.add(ids, 1, dtype=np.int32, casting="unsafe")
     if lo >= 0:
         return Column(n, 0, [None, idx])
     np.maximum(idx, 0, out=idx)  # a null row's index: 0 (the C twin's bytes)
     k, bitmap = _validity(np, ids >= 0)
     return Column(n, k, [bitmap, idx])
+
+
+def _one_index(np: Any, sid: int, n: int) -> Column:
+    """A dict<utf8> column whose ``n`` rows are all string id ``sid`` (< 0: null)."""
+    if sid + 1 >= 1 << 31:
+        raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
+    if sid < 0:
+        return nulls(np, INT32, n)
+    return Column(n, 0, [None, Const(struct.pack("<i", sid + 1), 4 * n)])
+
+
+def dict_take(np: Any, table: Any, idx: Any, inner: Any = None) -> Column:
+    """:func:`dict_indices` of ``table[idx]`` (``table[inner[idx]]`` with ``inner``), null
+    where an index is negative: the native core's one pass (dict_take), or NumPy's fancy
+    indexing. ``idx`` may be a record buffer's field as it is (strided)."""
+    native = _native()
+    if native is not None and len(idx):
+        got = native.dict_take(table, idx, inner)
+        if got.__class__ is not int:
+            k, bitmap, ix = got
+            return Column(len(idx), k, [bitmap, ix])
+        return _one_index(np, got, len(idx))
+    j = np.asarray(idx, dtype=np.int64)
+    if inner is not None:
+        j = np.where(j >= 0, np.asarray(inner, dtype=np.int64)[np.maximum(j, 0)], -1)
+    ids = np.where(j >= 0, np.asarray(table, dtype=np.int64)[np.maximum(j, 0)], -1)
+    return dict_indices(np, ids)
 
 
 def int64_lists(np: Any, offsets: Any, values: Any) -> Column:
@@ -415,16 +440,30 @@ def bytes_column(np: Any, items: Sequence[bytes]) -> Column:
     return Column(n, 0, [None, offsets.astype(np.int32), b"".join(items)])
 
 
-def dictionary_message(items: Sequence[bytes], start: int) -> list:
-    """The DictionaryBatch message of the stream's dictionary entries ``items[start:]``: the
-    whole dictionary (``start`` 0), or a delta appended to what the stream has."""
+#: (items, start, end, the message) of the last dictionary message made: a flush writes the
+#: same new strings to each of its shards (ops, tensors, stacks), from one list of strings.
+_last_dict: list = [None, 0, 0, None]
+
+
+def dictionary_message(items: Sequence[bytes], start: int, end: int | None = None) -> list:
+    """The DictionaryBatch message of the stream's dictionary entries ``items[start:end]``:
+    the whole dictionary (``start`` 0), or a delta appended to what the stream has. The last
+    message made is given again for the same entries of the same list (a list of strings
+    only ever grows; the message's buffers are never written to)."""
     import numpy as np
 
-    col = bytes_column(np, items[start:])
+    end = len(items) if end is None else end
+    last = _last_dict
+    if last[0] is items and last[1] == start and last[2] == end:
+        return list(last[3])
+    col = bytes_column(np, items[start:end])
     native = _native()
     if native is not None:
-        return native.ipc_batch_message(col.length, [col], Const, DICT_ID, start > 0)  # type: ignore[no-any-return]
-    return py_batch_message(Batch((("", UTF8),), col.length, [col]), DICT_ID, start > 0)
+        out = native.ipc_batch_message(col.length, [col], Const, DICT_ID, start > 0)
+    else:
+        out = py_batch_message(Batch((("", UTF8),), col.length, [col]), DICT_ID, start > 0)
+    last[:] = [items, start, end, out]  # (holds the list: its id is not reused meanwhile)
+    return list(out)
 
 
 def _nbytes(buf: Any) -> int:
@@ -612,7 +651,7 @@ class StreamWriter:
             if sent < self.dict_sent:
                 raise ValueError("arrowipc: a dictionary shorter than the stream's")
             if sent > self.dict_sent:
-                pieces = dictionary_message(d[:sent], self.dict_sent) + pieces
+                pieces = dictionary_message(d, self.dict_sent, sent) + pieces
         native = _native()
         if native is not None:
             native.ipc_writev(self.fd, pieces)  # (the GIL released while it writes)

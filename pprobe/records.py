@@ -60,17 +60,19 @@ STATS_NONE = -2
 STATS_INLINE = -1
 
 
+_dtypes: tuple[Any, Any] | None = None
+
+
 def numpy_dtypes() -> tuple[Any, Any]:
-    """The records as NumPy structured dtypes (the writer's view of a buffer)."""
-    import numpy as np
+    """The records as NumPy structured dtypes (the writer's view of a buffer), made once."""
+    global _dtypes
+    if _dtypes is None:
+        import numpy as np
 
-    def dt(fields: tuple) -> Any:
-        d = np.dtype([(n, "=" + c) for n, c in fields])
-        return d
-
-    op, desc = dt(OP_FIELDS), dt(DESC_FIELDS)
-    assert op.itemsize == OP_SIZE and desc.itemsize == DESC_SIZE
-    return op, desc
+        op, desc = (np.dtype([(n, "=" + c) for n, c in f]) for f in (OP_FIELDS, DESC_FIELDS))
+        assert op.itemsize == OP_SIZE and desc.itemsize == DESC_SIZE
+        _dtypes = (op, desc)
+    return _dtypes
 
 
 # ---------------------------------------------------------------------- strings

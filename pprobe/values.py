@@ -453,5 +453,12 @@ def format_value(v: Any) -> str:
     """Called at flush time for the args column."""
     if isinstance(v, Text):
         return v
+    c = v.__class__
+    if c is float or c is bool or v is None:  # what reprlib writes (repr), ~10x cheaper
+        return repr(v)
+    if c is int or c is str:  # reprlib shortens an int's repr past 40, a str's past 60
+        s = repr(v)
+        if len(s) <= (40 if c is int else 60):
+            return s
     s = _safe_repr(v)
     return s if len(s) <= 80 else s[:77] + "..."

@@ -93,7 +93,7 @@ class Writer:
         self._sites_sids: tuple = ((), ())
         self._stacks_done = 0  # stacks (recorder.stack_inner) written to this process's shard
         self._args_cache: dict[Any, bytes] = {}
-        self._args_ids: dict[int, tuple] = {}  # id(set) -> (set, text): native.arg_texts
+        self._args_ids: dict[int, tuple] = {}  # id(set) -> (set, text): native.arg_column
         self._failed_dumps: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
@@ -349,11 +349,10 @@ class Writer:
         st_site = recorder.stack_site
         # a copy in one call: an exported buffer would stop the recording thread's appends
         first = np.frombuffer(st_site.tobytes() or bytes(8), dtype=np.int64)
-        site_safe = first[np.where(has_site, stack, 0)]
         parent = ops["parent"]
         args = self._args(np, ops["args"], objs)
         strs.refresh()
-        index = A.dict_indices
+        index, take = A.dict_indices, A.dict_take
         ops_cols = [
             A.repeat(np, self.run_id, n),
             A.repeat(np, self.host, n),
@@ -361,16 +360,16 @@ class Writer:
             A.const_ints(np, state.rank, A.INT32, n),
             A.const_ints(np, state.world_size, A.INT32, n),
             A.ints(np, seq, A.INT64),
-            index(np, thread_sids[thr_inv.reshape(-1)]),
+            take(np, thread_sids, thr_inv.reshape(-1)),
             A.ints(np, t0 + self.epoch0, A.INT64),
             A.ints(np, ops["t1"] - t0, A.INT64),
-            index(np, op_ids[0][op_index]),
-            index(np, op_ids[1][op_index]),
-            index(np, op_ids[2][op_index]),
-            index(np, op_ids[3][op_index]),
+            take(np, op_ids[0], op_index),
+            take(np, op_ids[1], op_index),
+            take(np, op_ids[2], op_index),
+            take(np, op_ids[3], op_index),
             index(np, ops["status"]),
-            index(np, np.where(has_site, site_ids[0][site_safe], -1)),
-            index(np, np.where(has_site, site_ids[1][site_safe], -1)),
+            take(np, site_ids[0], stack, first),  # (the stack's first frame's site)
+            take(np, site_ids[1], stack, first),
             index(np, ops["module"]),
             index(np, ops["phase"]),
             A.ints(np, ops["step"], A.INT64),
@@ -497,29 +496,27 @@ class Writer:
         """The args column: each call's (name, value) pairs as text (values.arg_text),
         encoded once per distinct set of pairs (a cache of up to 65,536 sets, emptied when
         full). The native core shares one tuple between the rows whose pairs are the same
-        (its args_interned): its arg_texts finds those by the tuple's identity first, and
-        only the sets it has not met are looked up by value."""
+        (its args_interned): its arg_column finds those by the tuple's identity and builds
+        the column in one pass; only the sets it has not met are looked up by value."""
         n = len(refs)
         if not objs:
             return A.nulls(np, A.UTF8, n)
+        native = core.native
+        if native is not None:  # one pass in C from the records' field
+            by_id = self._args_ids
+            got = native.arg_column(refs, objs, by_id)
+            if got.__class__ is list:  # sets met for the first time: each formatted once
+                by_id.update(zip(map(id, got), zip(got, self._arg_texts(got))))
+                got = native.arg_column(refs, objs, by_id)  # every set has its text now
+                if len(by_id) > 65536:
+                    by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
+            k, bitmap, offsets, data = got
+            return A.Column(n, k, [bitmap, offsets, data])
         rows = np.flatnonzero(refs >= 0)
         if not len(rows):
             return A.nulls(np, A.UTF8, n)
         pairs = list(map(objs.__getitem__, refs[rows].tolist()))
-        native = core.native
-        if native is None:
-            texts = self._arg_texts(pairs)
-        else:
-            by_id = self._args_ids
-            texts, misses = native.arg_texts(pairs, by_id)
-            if misses:  # each set met for the first time, once (C loops: dict, zip, map)
-                met = list(map(pairs.__getitem__, misses))
-                new = dict(zip(map(id, met), met))
-                sets = list(new.values())
-                by_id.update(zip(new, zip(sets, self._arg_texts(sets))))
-                texts, _ = native.arg_texts(pairs, by_id)  # every set is in the cache now
-                if len(by_id) > 65536:
-                    by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
+        texts = self._arg_texts(pairs)
         if len(rows) == n:
             return _utf8(np, texts)
         items = np.full(n, None, dtype=object)

@@ -766,3 +766,42 @@ def test_dict_indices_native_and_numpy_write_the_same_bytes(
                 [col.length, col.null_count, [None if b is None else bytes(b) for b in col.buffers]]
             )
         assert got[0] == got[1], ids
+
+
+@needs_native
+def test_dict_take_is_dict_indices_of_the_gathered_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """arrowipc.dict_take(table, idx[, inner]): the native one pass and its NumPy twin give
+    the bytes dict_indices gives for table[idx] (table[inner[idx]]), null where an index is
+    negative (inner's too); on strided int32/int64 record fields, one id in every row as a
+    Const, an index past a table an IndexError."""
+    from pprobe import core
+
+    rng = np.random.default_rng(5)
+    table = rng.integers(0, 40, 30)
+    inner = rng.integers(-1, 30, 20)
+    rec = np.zeros(500, dtype=[("a", "<i4"), ("i", "<i4"), ("j", "<i8")])
+    rec["i"] = rng.integers(-1, 30, 500)
+    rec["j"] = rng.integers(-1, 20, 500)
+    cases = [(table, rec["i"], None), (table, rec["j"], inner), (table, np.full(7, 3), None),
+             (table, np.full(5, -1), None), (table, np.array([-1, 2, 0]), inner),
+             (np.full(30, 9), rec["i"][rec["i"] >= 0], None)]  # fmt: skip
+    for t, idx, inn in cases:
+        j = idx.astype(np.int64)
+        if inn is not None:
+            j = np.where(j >= 0, inn[np.maximum(j, 0)], -1)
+        want = A.dict_indices(np, np.where(j >= 0, t[np.maximum(j, 0)], -1))
+        for nat in (_native_mod(), None):
+            monkeypatch.setattr(core, "native", nat)
+            col = A.dict_take(np, t, idx, inn)
+            assert (col.length, col.null_count) == (want.length, want.null_count)
+            assert [None if b is None else bytes(b) for b in col.buffers] == [
+                None if b is None else bytes(b) for b in want.buffers
+            ], (nat, idx[:5])
+            assert isinstance(col.buffers[1], A.Const) == isinstance(want.buffers[1], A.Const)
+    nat = _native_mod()
+    with pytest.raises(IndexError):
+        nat.dict_take(table, np.array([0, 30]))
+    with pytest.raises(IndexError):
+        nat.dict_take(table, np.array([0, 20]), inner)
+    with pytest.raises(TypeError):
+        nat.dict_take(table, np.array([0.0, 1.0]))

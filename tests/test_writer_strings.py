@@ -168,26 +168,36 @@ def test_the_args_cache_starts_over_when_full(engine: str, monkeypatch: pytest.M
 
 
 @pytest.mark.skipif(core.native is None, reason="the native core is not built")
-def test_arg_texts_finds_sets_by_identity_only() -> None:
-    """native.arg_texts gives the text of a set met before as that very object (the core
+def test_arg_column_finds_sets_by_identity_only() -> None:
+    """native.arg_column gives the text of a set met before as that very object (the core
     shares one tuple between rows with the same args); an equal set that is another object
     is a miss, whatever its text would be, and so is one whose cache entry names another.
-    A missed set is listed once, at its first position (a first flush meets each set in many
-    rows)."""
-    fn = core.native.arg_texts  # type: ignore[union-attr]
+    A missed set is listed once (a first flush meets each set in many rows), and nothing is
+    built until every set has its text."""
+    fn = core.native.arg_column  # type: ignore[union-attr]
     a, t = (("x", 1.0),), (("x", True),)  # equal, hash alike, print differently
     a2 = tuple([("x", 1.0)])  # equal to a, another object
     assert a2 == a and a2 is not a
     cache: dict = {}
-    assert fn([a, t, a], cache) == ([None, None, None], [0, 1])
+    objs = [a, t, a2]
+    rec = np.zeros(6, dtype=[("s", "<i2"), ("ref", "<i4")])  # a strided field, as the records'
+    rec["ref"] = [0, 1, 0, -1, 2, 1]
+    assert fn(rec["ref"], objs, cache) == [a, t, a2]
     cache[id(a)] = (a, b"x=1.0")
-    texts, misses = fn([a, t, a, a, a2, t], cache)
-    assert texts == [b"x=1.0", None, b"x=1.0", b"x=1.0", None, None]
-    assert misses == [1, 4]  # t once, a2 (another object than a)
+    assert fn(rec["ref"], objs, cache) == [t, a2]
     cache[id(t)] = (a, b"stale")  # an entry under t's id that holds another set
-    assert fn([t], cache) == ([None], [0])
+    assert fn(rec["ref"], objs, cache) == [t, a2]
+    cache[id(t)] = (t, b"x=True")
+    cache[id(a2)] = (a2, b"x=1.0")
+    k, bitmap, offsets, data = fn(rec["ref"], objs, cache)
+    assert (k, bitmap, data) == (1, bytes([0b110111]), b"x=1.0x=Truex=1.0x=1.0x=True")
+    assert np.frombuffer(offsets, dtype=np.int32).tolist() == [0, 5, 11, 16, 16, 21, 27]
+    k, bitmap, offsets, data = fn(np.array([1, 1], dtype=np.int64), objs, cache)
+    assert (k, bitmap, data) == (0, None, b"x=Truex=True")
+    with pytest.raises(IndexError):
+        fn(np.array([3]), objs, cache)
     with pytest.raises(TypeError):
-        fn((a,), cache)
+        fn(np.array([0]), (a,), cache)
 
 
 def test_args_of_sets_shared_between_rows_across_batches(engine: str) -> None:
@@ -257,3 +267,16 @@ def test_ids_read_in_place_from_a_record_field(engine: str, dt: str, n: int) -> 
             assert isinstance(data, A.Const) or (null and data == b""), case
             if null:
                 assert isinstance(col.buffers[0], A.Const) and isinstance(col.buffers[1], A.Const)
+
+
+@pytest.mark.parametrize(
+    "v",
+    [None, True, False, 0, -5, 10**39, 10**40, -(10**39), 10**45, 0.1, -0.0, float("inf"),
+     float("nan"), 1e-300, "", "a" * 58, "a" * 59, "a" * 60, "a" * 61, "it's", "é" * 30,
+     "\n" * 30, "x\"y'z" * 12, 2**63, "x\"y'z" * 4],
+)  # fmt: skip
+def test_format_value_shortcuts_write_what_reprlib_writes(v: Any) -> None:
+    """format_value's repr() shortcut for floats, bools, None and short ints and strs gives
+    reprlib's text (which shortens ints past 40 characters, strs past 60)."""
+    want = values._repr.repr(v)
+    assert values.format_value(v) == (want if len(want) <= 80 else want[:77] + "...")
