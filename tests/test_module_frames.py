@@ -391,3 +391,61 @@ def test_zero_grad_across_sessions(tmp_path: Path) -> None:
     r = run_script(tmp_path, SESSIONS, env={"PPROBE_MODE": "log"}).check()
     assert r.out.split() == ["False", "1"]  # zeroed in place (set_to_none=False); mode on
     assert "Error" not in r.err
+
+
+INIT_GROUP = """
+import contextlib
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+
+class Param:  # _init_group reads p.grad: here a property that looks at the mode stack
+    seen = []
+
+    @property
+    def grad(self):
+        Param.seen.append(torch._C._len_torch_function_stack())
+        return None
+
+
+class PassThrough(TorchFunctionMode):  # a program's mode above pprobe's: its mode stays
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+for kw in ({}, {"momentum": 0.9}, {"momentum": 0.9, "fused": True}):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, **kw)
+    opt.param_groups[0]["params"].append(Param())
+    for mine in (False, True, False, True):  # (the first step makes momentum's buffers)
+        opt.zero_grad()
+        net(torch.ones(5, 4)).pow(2).sum().backward()
+        with PassThrough() if mine else contextlib.nullcontext():
+            opt.step()
+print(Param.seen, torch._C._len_torch_function_stack())
+"""
+
+
+def test_sgd_init_group_runs_without_the_mode(tmp_path: Path) -> None:
+    """SGD's ``_init_group`` (its parameters' ``grad`` and ``is_sparse`` reads: no row) runs
+    with pprobe's api mode off the stack, unless ``fused`` is set (its check calls a torch
+    function) or a program's mode is above pprobe's; the optimizer's rows are the same with
+    the mode off as with it on, momentum's buffers included."""
+    # each step's two reads of Param.grad: zero_grad's (the mode off, as before), then
+    # _init_group's
+    bare = run_script(tmp_path / "a", INIT_GROUP, probe=False).check()
+    assert bare.out.strip() == f"{[0, 0, 0, 1] * 6} 0"
+    r = run_script(tmp_path / "b", INIT_GROUP, env={"PPROBE_MODE": "log"}).check()
+    # off in the plain steps without and with momentum; on under the program's mode (pprobe's
+    # below it) and in the fused steps
+    assert r.out.strip() == f"{[0, 0, 0, 2] * 4 + [0, 1, 0, 2] * 2} 1"
+    rows = sql(r.run_dir, "SELECT step, op FROM ops WHERE phase = 'optimizer' ORDER BY seq")
+    by_step: dict[int, list[str]] = {}
+    for x in rows:
+        by_step.setdefault(x["step"], []).append(x["op"])
+    assert len(by_step) == 12, by_step
+    ops = [by_step[s] for s in sorted(by_step)]
+    for k in range(0, 12, 4):  # the steps without the mode against those with it
+        assert ops[k + 2] == ops[k + 1] == ops[k + 3] and ops[k], (k, ops[k : k + 4])

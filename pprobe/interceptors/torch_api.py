@@ -28,7 +28,7 @@ from __future__ import annotations
 import atexit
 import functools
 import threading
-from types import FunctionType
+from types import CodeType, FunctionType
 from typing import Any
 
 import torch
@@ -388,6 +388,28 @@ _orig_zero_grad: Any = None  # Optimizer.zero_grad as pprobe found it (None: not
 _zero_grad: Any = None  # the patch in place
 
 
+def _mode_off(orig: Any, args: tuple, kwargs: dict) -> Any:
+    """``orig(*args, **kwargs)`` with the api mode taken off this thread's stack where it is
+    on top (a program's mode above it, or none of pprobe's: as it is), and put back after."""
+    mode = _api_mode
+    if not _on or mode is None or _is_compiling():
+        return orig(*args, **kwargs)
+    try:
+        n = _C._len_torch_function_stack()
+        top = _C._get_function_stack_at(n - 1) if n else None
+    except Exception as e:
+        _report.internal_error("reading the torch function mode stack", e)
+        return orig(*args, **kwargs)
+    if top is not mode:
+        return orig(*args, **kwargs)
+    try:
+        _C._pop_torch_function_stack()  # (in the try: an interrupt right after it)
+        return orig(*args, **kwargs)
+    finally:
+        if _C._len_torch_function_stack() < n:
+            _C._push_on_torch_function_stack(mode)
+
+
 def _zero_grad_for(orig: Any) -> Any:
     """``Optimizer.zero_grad`` (``orig``) with the api mode off this thread's stack while it
     sets the gradients to None (its default): that makes no row, and each of its property
@@ -401,23 +423,9 @@ def _zero_grad_for(orig: Any) -> Any:
     def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         set_to_none = kwargs.get("set_to_none", args[0] if args else True)
-        mode = _api_mode
-        if set_to_none is not True or not _on or mode is None or _is_compiling():
+        if set_to_none is not True:
             return orig(self, *args, **kwargs)
-        try:
-            n = _C._len_torch_function_stack()
-            top = _C._get_function_stack_at(n - 1) if n else None
-        except Exception as e:
-            _report.internal_error("reading the torch function mode stack", e)
-            return orig(self, *args, **kwargs)
-        if top is not mode:  # a program's mode above ours, or none of ours: as it is
-            return orig(self, *args, **kwargs)
-        try:
-            _C._pop_torch_function_stack()  # (in the try: an interrupt right after it)
-            return orig(self, *args, **kwargs)
-        finally:
-            if _C._len_torch_function_stack() < n:
-                _C._push_on_torch_function_stack(mode)
+        return _mode_off(orig, (self, *args), kwargs)
 
     return zero_grad
 
@@ -433,6 +441,62 @@ def _patch_zero_grad(on: bool) -> None:
         if opt.__dict__.get("zero_grad") is _zero_grad:  # (else another wrapper holds ours)
             opt.zero_grad = _orig_zero_grad  # type: ignore[method-assign]
         _orig_zero_grad = _zero_grad = None
+
+
+#: What an optimizer's ``_init_group`` may name for it to run with the api mode off: the
+#: parameters' ``grad`` and ``is_sparse`` reads, list and dict methods, the fused kernels'
+#: one-time check (SGD's, torch 2.x). A ``_init_group`` whose code names anything else, or
+#: holds a nested function, keeps the mode: Adam's, for one, makes its state's tensors
+#: (``torch.zeros_like``) there at the first step, and those are rows.
+_INIT_GROUP_NAMES = frozenset(
+    {"grad", "getattr", "_device_dtype_check_for_fused", "_need_device_dtype_check_for_fused",
+     "append", "is_sparse", "state", "get"}
+)  # fmt: skip
+_init_groups: list[tuple[type, Any, Any]] = []  # (optimizer class, its original, the patch)
+
+
+def _init_group_for(orig: Any) -> Any:
+    """An optimizer's ``_init_group`` (``orig``: one that makes no row, see
+    :data:`_INIT_GROUP_NAMES`) with the api mode off while it gathers the parameters that
+    have gradients: SGD reads ``p.grad`` three times and ``p.grad.is_sparse`` once a
+    parameter each step, 24 passes through the mode on the torch MLP, ~1 us each in torch.
+    With ``fused`` set the mode stays: the fused kernels' check calls
+    ``torch.is_floating_point`` once."""
+
+    @functools.wraps(orig)
+    def _init_group(self: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if group.__class__ is not dict or group.get("fused"):
+            return orig(self, group, *args, **kwargs)
+        return _mode_off(orig, (self, group, *args), kwargs)
+
+    return _init_group
+
+
+def _quiet_init_group(code: Any) -> bool:
+    """Whether an ``_init_group``'s code names only what makes no row."""
+    return set(code.co_names) <= _INIT_GROUP_NAMES and not any(
+        isinstance(c, CodeType) for c in code.co_consts
+    )
+
+
+def _patch_init_groups(on: bool) -> None:
+    if on and not _init_groups:
+        for cls in {id(v): v for v in vars(torch.optim).values()}.values():
+            if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+                continue
+            orig = cls.__dict__.get("_init_group")
+            code = getattr(orig, "__code__", None)
+            if code is None or not _quiet_init_group(code):
+                continue
+            patch = _init_group_for(orig)
+            cls._init_group = patch  # type: ignore[attr-defined]
+            _init_groups.append((cls, orig, patch))
+    elif not on:
+        for cls, orig, patch in _init_groups:
+            if cls.__dict__.get("_init_group") is patch:  # (else another wrapper holds ours)
+                cls._init_group = orig  # type: ignore[attr-defined]
+        _init_groups.clear()
 
 
 # ---------------------------------------------------------------------- install
@@ -462,6 +526,10 @@ def install() -> dict[str, Any]:
             _patch_zero_grad(True)
         except Exception as e:
             _report.internal_error("patching Optimizer.zero_grad", e)
+        try:
+            _patch_init_groups(True)
+        except Exception as e:
+            _report.internal_error("patching the optimizers' _init_group", e)
     global _atexit_done
     if not _atexit_done:
         _atexit_done = True
@@ -501,5 +569,6 @@ def uninstall() -> None:
         _retired.extend(m for m in (_api_mode, _aten_mode) if m is not None)
         _api_mode = _aten_mode = None
         _patch_zero_grad(False)
+        _patch_init_groups(False)
         torch_modules.uninstall()
         torch_dist.uninstall()
