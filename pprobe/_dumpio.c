@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 9
+#define DUMPIO_API 10
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -512,6 +512,7 @@ static void *pool_take(size_t size, size_t *cap) {
     void *blk = NULL;
     if (c >= 0) {
         pthread_mutex_lock(&pmu);
+        size_t most = pool_max;
         PoolBlk *b = pool[c];
         if (b) {
             pool[c] = b->next;
@@ -525,7 +526,10 @@ static void *pool_take(size_t size, size_t *cap) {
             *cap = c_cap;
             return b;
         }
-        size = c_cap;
+        if (c_cap <= most) /* (a block too large to keep is not rounded up) */
+            size = c_cap;
+        else
+            c = -1;
     }
     if (posix_memalign(&blk, 4096u, size)) return NULL; /* (DIRECT_ALIGN) */
     *cap = c >= 0 ? c_cap : 0;
@@ -991,8 +995,6 @@ static void atfork_child(void) {
      * (one starts at its first dump). */
     pthread_mutex_init(&mu, NULL);
     pthread_mutex_init(&pmu, NULL);
-    pool_clear(1);
-    pool_hits = pool_misses = 0;
     pthread_cond_init(&cv_work, NULL);
     pthread_cond_init(&cv_done, NULL);
     pthread_mutex_init(&hmu, NULL); /* (no helper in the child: one starts when needed) */
@@ -1014,6 +1016,8 @@ static void atfork_child(void) {
         }
     }
     q_busy = NULL;
+    pool_clear(1); /* (after the jobs: their blocks went back to the pool) */
+    pool_hits = pool_misses = 0;
     Failure *f = failures;
     while (f) {
         Failure *n = f->next;
@@ -1348,19 +1352,20 @@ static PyObject *dq_failures(PyObject *self, PyObject *unused) {
 /* pool() -> (bytes of the blocks kept, most it keeps, blocks handed out again, blocks taken
  * fresh) */
 static PyObject *dq_pool(PyObject *self, PyObject *unused) {
-    pthread_mutex_lock(&pmu);
-    PyObject *r = Py_BuildValue("(nnKK)", (Py_ssize_t)pool_bytes, (Py_ssize_t)pool_max,
-                                pool_hits, pool_misses);
+    pthread_mutex_lock(&pmu); /* (the tuple is built after: a collection it may start can
+                               * run a finalizer that dumps, which takes pmu) */
+    size_t kept = pool_bytes, most = pool_max;
+    uint64_t hits = pool_hits, misses = pool_misses;
     pthread_mutex_unlock(&pmu);
-    return r;
+    return Py_BuildValue("(nnKK)", (Py_ssize_t)kept, (Py_ssize_t)most, hits, misses);
 }
 
 static PyObject *dq_counters(PyObject *self, PyObject *unused) {
-    pthread_mutex_lock(&mu);
-    PyObject *r = Py_BuildValue("(nKKKKKK)", (Py_ssize_t)q_bytes, n_submitted, n_completed,
-                                n_files, n_links, n_failed, bytes_written);
+    pthread_mutex_lock(&mu); /* (the tuple is built after: see dq_pool) */
+    size_t qb = q_bytes;
+    uint64_t c[6] = {n_submitted, n_completed, n_files, n_links, n_failed, bytes_written};
     pthread_mutex_unlock(&mu);
-    return r;
+    return Py_BuildValue("(nKKKKKK)", (Py_ssize_t)qb, c[0], c[1], c[2], c[3], c[4], c[5]);
 }
 
 /* helper_files() -> the files the second writer thread has written (write_large) */

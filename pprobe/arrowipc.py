@@ -442,7 +442,8 @@ def bytes_column(np: Any, items: Sequence[bytes]) -> Column:
 
 #: (items, start, end, the message) of the last dictionary message made: a flush writes the
 #: same new strings to each of its shards (ops, tensors, stacks), from one list of strings.
-_last_dict: list = [None, 0, 0, None]
+#: One tuple, replaced whole: a reader never sees the fields of two messages.
+_last_dict: tuple = (None, 0, 0, None)
 
 
 def dictionary_message(items: Sequence[bytes], start: int, end: int | None = None) -> list:
@@ -452,6 +453,7 @@ def dictionary_message(items: Sequence[bytes], start: int, end: int | None = Non
     only ever grows; the message's buffers are never written to)."""
     import numpy as np
 
+    global _last_dict
     end = len(items) if end is None else end
     last = _last_dict
     if last[0] is items and last[1] == start and last[2] == end:
@@ -462,7 +464,7 @@ def dictionary_message(items: Sequence[bytes], start: int, end: int | None = Non
         out = native.ipc_batch_message(col.length, [col], Const, DICT_ID, start > 0)
     else:
         out = py_batch_message(Batch((("", UTF8),), col.length, [col]), DICT_ID, start > 0)
-    last[:] = [items, start, end, out]  # (holds the list: its id is not reused meanwhile)
+    _last_dict = (items, start, end, out)  # (holds the list: its id is not reused meanwhile)
     return list(out)
 
 

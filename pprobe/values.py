@@ -457,8 +457,11 @@ def format_value(v: Any) -> str:
     if c is float or c is bool or v is None:  # what reprlib writes (repr), ~10x cheaper
         return repr(v)
     if c is int or c is str:  # reprlib shortens an int's repr past 40, a str's past 60
-        s = repr(v)
-        if len(s) <= (40 if c is int else 60):
+        try:
+            s = repr(v)
+        except ValueError:  # an int past sys.get_int_max_str_digits(): _safe_repr's text
+            s = ""
+        if 0 < len(s) <= (40 if c is int else 60):
             return s
     s = _safe_repr(v)
     return s if len(s) <= 80 else s[:77] + "..."

@@ -510,8 +510,10 @@ class Writer:
                 got = native.arg_column(refs, objs, by_id)  # every set has its text now
                 if len(by_id) > 65536:
                     by_id.clear()  # (it holds the sets: their ids are not reused meanwhile)
-            k, bitmap, offsets, data = got
-            return A.Column(n, k, [bitmap, offsets, data])
+            if got.__class__ is tuple:
+                k, bitmap, offsets, data = got
+                return A.Column(n, k, [bitmap, offsets, data])
+            # (still sets without a text: the cache was emptied in between) by value below
         rows = np.flatnonzero(refs >= 0)
         if not len(rows):
             return A.nulls(np, A.UTF8, n)

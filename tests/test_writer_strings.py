@@ -280,3 +280,10 @@ def test_format_value_shortcuts_write_what_reprlib_writes(v: Any) -> None:
     reprlib's text (which shortens ints past 40 characters, strs past 60)."""
     want = values._repr.repr(v)
     assert values.format_value(v) == (want if len(want) <= 80 else want[:77] + "...")
+
+
+def test_format_value_of_an_int_too_long_for_a_text() -> None:
+    """An int past the interpreter's digits limit has no repr (ValueError): its text is the
+    type's, as before the shortcut, and the flush goes on."""
+    assert values.format_value(10**5000) == "<int>"
+    assert writer._arg_bytes((("x", 10**5000),)) == b"x=<int>"
