@@ -449,3 +449,24 @@ def test_sgd_init_group_runs_without_the_mode(tmp_path: Path) -> None:
     ops = [by_step[s] for s in sorted(by_step)]
     for k in range(0, 12, 4):  # the steps without the mode against those with it
         assert ops[k + 2] == ops[k + 1] == ops[k + 3] and ops[k], (k, ops[k : k + 4])
+    off = meta(r.run_dir)["coverage"]["frameworks"]["torch"]["torch"]["mode_off"]
+    assert off == ["torch.optim.Optimizer.zero_grad", "torch.optim.sgd.SGD._init_group"]
+
+
+def test_only_known_init_groups_run_without_the_mode() -> None:
+    """The optimizers whose ``_init_group`` runs with the mode off are chosen by their code:
+    SGD's (this torch), not Adam's (it makes its state's tensors), and not a function that
+    names the same things as SGD's but computes with the tensors."""
+    from pprobe.interceptors import torch_api
+
+    assert torch_api._quiet_init_group(torch.optim.SGD._init_group.__code__)
+    assert not torch_api._quiet_init_group(torch.optim.Adam._init_group.__code__)
+    assert not torch_api._quiet_init_group(torch.optim.AdamW._init_group.__code__)
+
+    def _init_group(self, group, params, grads, momentum_buffer_list):  # type: ignore[no-untyped-def]
+        for p in group["params"]:
+            if p.grad is not None:
+                grads.append(p.grad * 2)
+        return False
+
+    assert not torch_api._quiet_init_group(_init_group.__code__)

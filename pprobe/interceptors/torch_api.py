@@ -443,21 +443,19 @@ def _patch_zero_grad(on: bool) -> None:
         _orig_zero_grad = _zero_grad = None
 
 
-#: What an optimizer's ``_init_group`` may name for it to run with the api mode off: the
-#: parameters' ``grad`` and ``is_sparse`` reads, list and dict methods, the fused kernels'
-#: one-time check (SGD's, torch 2.x). A ``_init_group`` whose code names anything else, or
-#: holds a nested function, keeps the mode: Adam's, for one, makes its state's tensors
-#: (``torch.zeros_like``) there at the first step, and those are rows.
-_INIT_GROUP_NAMES = frozenset(
-    {"grad", "getattr", "_device_dtype_check_for_fused", "_need_device_dtype_check_for_fused",
-     "append", "is_sparse", "state", "get"}
-)  # fmt: skip
+#: The ``_init_group`` methods that run with the api mode off, by their code
+#: (:func:`_init_group_digest`): SGD's of torch 2.13 on CPython 3.11, which reads each
+#: parameter's ``grad`` and ``is_sparse`` and uses list and dict methods, nothing else (its
+#: fused kernels' check aside: see :func:`_init_group_for`). Another version's code keeps
+#: the mode until it is read and added here: an ``_init_group`` can make rows (Adam's makes
+#: its state's tensors at the first step), and tensor arithmetic names nothing in the code.
+_QUIET_INIT_GROUPS = frozenset({"4f37e3b65b7e88390e98f788256b63c2"})
 _init_groups: list[tuple[type, Any, Any]] = []  # (optimizer class, its original, the patch)
 
 
 def _init_group_for(orig: Any) -> Any:
     """An optimizer's ``_init_group`` (``orig``: one that makes no row, see
-    :data:`_INIT_GROUP_NAMES`) with the api mode off while it gathers the parameters that
+    :data:`_QUIET_INIT_GROUPS`) with the api mode off while it gathers the parameters that
     have gradients: SGD reads ``p.grad`` three times and ``p.grad.is_sparse`` once a
     parameter each step, 24 passes through the mode on the torch MLP, ~1 us each in torch.
     With ``fused`` set the mode stays: the fused kernels' check calls
@@ -473,11 +471,17 @@ def _init_group_for(orig: Any) -> Any:
     return _init_group
 
 
+def _init_group_digest(code: CodeType) -> str:
+    """A digest of a function's code: its bytecode, names and constants."""
+    import hashlib
+
+    data = code.co_code + repr(code.co_names).encode() + repr(code.co_consts).encode()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 def _quiet_init_group(code: Any) -> bool:
-    """Whether an ``_init_group``'s code names only what makes no row."""
-    return set(code.co_names) <= _INIT_GROUP_NAMES and not any(
-        isinstance(c, CodeType) for c in code.co_consts
-    )
+    """Whether an ``_init_group``'s code is one known to make no row."""
+    return isinstance(code, CodeType) and _init_group_digest(code) in _QUIET_INIT_GROUPS
 
 
 def _patch_init_groups(on: bool) -> None:
@@ -538,6 +542,10 @@ def install() -> dict[str, Any]:
         _orig_bootstrap = threading.Thread._bootstrap_inner
         threading.Thread._bootstrap_inner = _bootstrap_inner  # type: ignore[attr-defined]
     facts: dict[str, Any] = {"torch_version": torch.__version__, "levels": list(_levels)}
+    if _api_mode is not None:  # what runs with the api mode off (no row is lost)
+        facts["mode_off"] = (["torch.optim.Optimizer.zero_grad"] if _zero_grad else []) + [
+            f"{cls.__module__}.{cls.__qualname__}._init_group" for cls, _, _ in _init_groups
+        ]
     # Each part on its own: a failure in one leaves the others working (and is reported).
     try:
         facts.update(torch_modules.install(_levels, params))
