@@ -481,6 +481,7 @@ static void note_pack_failure(const char *name) {
  * kept blocks are given back when the writer stops (close()), and dropped in a forked
  * child (the parent's). */
 #define POOL_MIN (32u << 10)
+#define DIRECT_ALIGN 4096u /* (O_DIRECT's alignment: see "direct writes") */
 #define POOL_CLASSES 512
 typedef struct PoolBlk {
     struct PoolBlk *next;
@@ -531,7 +532,7 @@ static void *pool_take(size_t size, size_t *cap) {
         else
             c = -1;
     }
-    if (posix_memalign(&blk, 4096u, size)) return NULL; /* (DIRECT_ALIGN) */
+    if (posix_memalign(&blk, DIRECT_ALIGN, size)) return NULL;
     *cap = c >= 0 ? c_cap : 0;
     return blk;
 }
@@ -646,7 +647,6 @@ static int write_file(int dfd, const char *name, const char *data, size_t len) {
  * cache (O_DIRECT cleared on the descriptor), under its temporary name: it is renamed only
  * once whole, as buffered ones are. */
 #define DIRECT_MIN PAR_MIN
-#define DIRECT_ALIGN 4096u
 #define DIRECT_RETRY 16 /* files, doubled each time the other way is still slower */
 #define DIRECT_RETRY_MAX 512
 enum { DIRECT_OFF = 0, DIRECT_AUTO = 1, DIRECT_ON = 2 };

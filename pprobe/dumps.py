@@ -1055,7 +1055,7 @@ class Dumper:
         self.io.close(timeout)
         self._collect()
 
-    def _direct_summary(self) -> dict[str, Any]:
+    def _writer_summary(self) -> dict[str, Any]:
         """meta.json's PPROBE_DUMP_DIRECT, the files written with O_DIRECT (None: the Python
         writer, which writes through the page cache), whether the folder's file system
         refused O_DIRECT (files written through the page cache from then on), and the dumps
@@ -1097,6 +1097,6 @@ class Dumper:
             "writer": self.engine,
             "codec": self.codec,
             "content_hash": self.content_hash,
-            **self._direct_summary(),
+            **self._writer_summary(),
             **({} if self.ring is None else self.ring.summary()),
         }
