@@ -41,7 +41,7 @@
 #define INTERNAL (1L << 20)
 /* The interface version pprobe/core.py expects (core.API): bump on any change of init(),
  * configure() or the record layout. */
-#define PPROBE_NATIVE_API 17
+#define PPROBE_NATIVE_API 18
 #define MAX_INLINE_DIMS 8
 
 /* ------------------------------------------------------------------ records (records.py) */
@@ -4784,6 +4784,437 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ the writer's fixed columns */
+/* record_columns(recs, itemsize, specs, Column, Const) -> [Column, ...]: the columns of a
+   batch that come from the record buffer's fixed fields, or that are one value in every row,
+   made in one call from a list of specs (pprobe.writer._column_specs): the same Column
+   objects (the same bytes once written) as its twin, pprobe.writer._py_record_columns, which
+   builds each with pprobe.arrowipc's functions. recs: the records, contiguous, itemsize bytes
+   each (at least one). A spec is a tuple, its first item a code:
+     (RC_COL, column)                         the column as it is
+     (RC_REPEAT, data)                        utf8: the bytes data in every row
+     (RC_CONST, width, value)                 int32 (width 4) or int64: value (None: nulls)
+     (RC_NULLS, type)                         nulls of an arrowipc type
+     (RC_ONE, sid)                            dict<utf8>: string id sid in every row
+     (RC_INT, name, off, code, width, add, nullneg)
+                                              int32/int64: the field + add; nullneg: null
+                                              where the field is negative
+     (RC_DIFF, name1, off1, name0, off0)      int64: field1 - field0 (int64 fields)
+     (RC_TAKE, name, off, code, table, inner) dict<utf8>: table[field] (table[inner[field]])
+     (RC_INDEX, name, off, code)              dict<utf8>: the field's string ids
+     (RC_BOOL, name, off, code)               bool: field == 1, null where negative
+   A field is at byte offset off of a record, its struct code 'q', 'Q' or 'i'. */
+enum { RC_COL, RC_REPEAT, RC_CONST, RC_NULLS, RC_ONE, RC_INT, RC_DIFF, RC_TAKE, RC_INDEX, RC_BOOL };
+
+typedef struct {
+    const char *base;
+    Py_ssize_t itemsize, n;
+    PyObject *column, *constt;
+} Recs;
+
+/* The attributes of pprobe.arrowipc's Column and Const (slots) */
+static PyObject *s_length, *s_null_count, *s_buffers, *s_child, *s_pattern, *s_size;
+static PyObject *s_empty_args;
+
+static int ipc_names(void) {
+    if (s_length) return 0;
+    if (!(s_null_count = PyUnicode_InternFromString("null_count")) ||
+        !(s_buffers = PyUnicode_InternFromString("buffers")) ||
+        !(s_child = PyUnicode_InternFromString("child")) ||
+        !(s_pattern = PyUnicode_InternFromString("pattern")) ||
+        !(s_size = PyUnicode_InternFromString("size")) || !(s_empty_args = PyTuple_New(0)) ||
+        !(s_length = PyUnicode_InternFromString("length")))
+        return -1;
+    return 0;
+}
+
+/* cls's instance with its slots names[i] = vals[i] (references taken, NULL: an error raised),
+   made without a call of its Python __init__: what __init__ would set, its checks done by the
+   caller (a Const's pattern is never empty where its size is not 0) */
+static PyObject *rc_new(PyObject *cls, int k, PyObject *const *names, PyObject **vals) {
+    PyObject *o = NULL;
+    for (int i = 0; i < k; i++)
+        if (!vals[i]) goto done;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    o = tp->tp_new(tp, s_empty_args, NULL);
+    for (int i = 0; o && i < k; i++)
+        if (PyObject_SetAttr(o, names[i], vals[i]) < 0) Py_CLEAR(o);
+done:
+    for (int i = 0; i < k; i++) Py_XDECREF(vals[i]);
+    return o;
+}
+
+static PyObject *rc_const(const Recs *r, const char *pat, Py_ssize_t len, Py_ssize_t size) {
+    PyObject *names[2] = {s_pattern, s_size};
+    PyObject *vals[2] = {PyBytes_FromStringAndSize(pat, len), PyLong_FromSsize_t(size)};
+    return rc_new(r->constt, 2, names, vals);
+}
+
+/* Column(n, k, [b0, b1(, b2)]): takes the buffers' references (NULL: an error raised) */
+static PyObject *rc_column(const Recs *r, Py_ssize_t k, int nb, PyObject *b0, PyObject *b1,
+                           PyObject *b2) {
+    PyObject *b[3] = {b0, b1, b2}, *list = NULL, *out = NULL;
+    for (int i = 0; i < nb; i++)
+        if (!b[i]) goto done;
+    list = PyList_New(nb);
+    if (!list) goto done;
+    for (int i = 0; i < nb; i++) {
+        PyList_SET_ITEM(list, i, b[i]);
+        b[i] = NULL;
+    }
+    PyObject *names[4] = {s_length, s_null_count, s_buffers, s_child};
+    PyObject *vals[4] = {PyLong_FromSsize_t(r->n), PyLong_FromSsize_t(k), list, Py_NewRef(Py_None)};
+    list = NULL;
+    out = rc_new(r->column, 4, names, vals);
+done:
+    for (int i = 0; i < nb; i++) Py_XDECREF(b[i]);
+    Py_XDECREF(list);
+    return out;
+}
+
+/* arrowipc.nulls */
+static PyObject *rc_nulls(const Recs *r, PyObject *tp) {
+    Py_ssize_t n = r->n, width = 0;
+    int utf8 = 0, boolean = 0;
+    if (!PyUnicode_Check(tp)) goto bad;
+    if (!PyUnicode_CompareWithASCIIString(tp, "utf8")) utf8 = 1;
+    else if (!PyUnicode_CompareWithASCIIString(tp, "bool")) boolean = 1;
+    else if (!PyUnicode_CompareWithASCIIString(tp, "int32") ||
+             !PyUnicode_CompareWithASCIIString(tp, "dict<utf8>")) width = 4;
+    else if (!PyUnicode_CompareWithASCIIString(tp, "int64") ||
+             !PyUnicode_CompareWithASCIIString(tp, "float64")) width = 8;
+    else goto bad;
+    PyObject *bitmap = rc_const(r, "", 1, (n + 7) / 8);
+    if (utf8)
+        return rc_column(r, n, 3, bitmap, rc_const(r, "", 1, 4 * (n + 1)),
+                         PyBytes_FromStringAndSize(NULL, 0));
+    if (boolean) return rc_column(r, n, 2, bitmap, Py_XNewRef(bitmap), NULL);
+    return rc_column(r, n, 2, bitmap, rc_const(r, "", 1, width * n), NULL);
+bad:
+    PyErr_SetString(PyExc_TypeError, "record_columns: nulls of an unknown type");
+    return NULL;
+}
+
+/* arrowipc.one_index */
+static PyObject *rc_one(const Recs *r, int64_t sid) {
+    if (sid + 1 >= ((int64_t)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "arrowipc: a dictionary of 2**31 strings or more");
+        return NULL;
+    }
+    if (sid < 0) {
+        PyObject *tp = PyUnicode_FromString("int32");
+        if (!tp) return NULL;
+        PyObject *out = rc_nulls(r, tp);
+        Py_DECREF(tp);
+        return out;
+    }
+    int32_t v = (int32_t)(sid + 1);
+    char pat[4];
+    memcpy(pat, &v, 4);
+    return rc_column(r, 0, 2, Py_NewRef(Py_None), rc_const(r, pat, 4, 4 * r->n), NULL);
+}
+
+/* a dict<utf8> column from dict_indices_of's answer (arrowipc.dict_indices / dict_take) */
+static PyObject *rc_dict(const Recs *r, const Ids *w) {
+    PyObject *got = dict_indices_of(w, r->n);
+    if (!got) return NULL;
+    PyObject *out;
+    if (PyLong_Check(got)) {
+        long long sid = PyLong_AsLongLong(got);
+        out = sid == -1 && PyErr_Occurred() ? NULL : rc_one(r, sid);
+    } else {
+        Py_ssize_t k = PyLong_AsSsize_t(PyTuple_GET_ITEM(got, 0));
+        out = k < 0 && PyErr_Occurred()
+                  ? NULL
+                  : rc_column(r, k, 2, Py_NewRef(PyTuple_GET_ITEM(got, 1)),
+                              Py_NewRef(PyTuple_GET_ITEM(got, 2)), NULL);
+    }
+    Py_DECREF(got);
+    return out;
+}
+
+typedef struct {
+    Py_ssize_t off;
+    char code;
+} RField;
+
+static int rc_field_at(const Recs *r, PyObject *offo, char code, RField *f) {
+    f->off = PyLong_AsSsize_t(offo);
+    if (f->off == -1 && PyErr_Occurred()) return -1;
+    f->code = code;
+    Py_ssize_t w = code == 'i' ? 4 : (code == 'q' || code == 'Q') ? 8 : 0;
+    if (!w || f->off < 0 || f->off + w > r->itemsize) {
+        PyErr_SetString(PyExc_ValueError, "record_columns: a field outside the record");
+        return -1;
+    }
+    return 0;
+}
+
+static int rc_field(const Recs *r, PyObject *offo, PyObject *codeo, RField *f) {
+    const char *c = PyUnicode_Check(codeo) ? PyUnicode_AsUTF8(codeo) : NULL;
+    if (!c || !c[0] || c[1]) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "record_columns: a field's code");
+        return -1;
+    }
+    return rc_field_at(r, offo, c[0], f);
+}
+
+static inline int64_t rc_get(const Recs *r, const RField *f, Py_ssize_t k) {
+    const char *p = r->base + k * r->itemsize + f->off;
+    if (f->code == 'i') {
+        int32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    int64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+/* the validity bitmap (bytes) of the rows where pred holds, or NULL when it holds in all;
+   *nulls: the rows where it does not */
+static int rc_valid(const Recs *r, const RField *f, PyObject **bitmap, Py_ssize_t *nulls) {
+    Py_ssize_t n = r->n, k = 0;
+    *bitmap = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) k += rc_get(r, f, i) < 0;
+    *nulls = k;
+    if (!k) return 0;
+    *bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (!*bitmap) return -1;
+    uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(*bitmap);
+    memset(bits, 0, (size_t)(n + 7) / 8);
+    for (Py_ssize_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((rc_get(r, f, i) >= 0) << (i & 7));
+    return 0;
+}
+
+static PyObject *rc_nulls_of(const Recs *r, const char *tp) {
+    PyObject *t = PyUnicode_FromString(tp);
+    if (!t) return NULL;
+    PyObject *out = rc_nulls(r, t);
+    Py_DECREF(t);
+    return out;
+}
+
+static PyObject *rc_bad(void) {
+    PyErr_SetString(PyExc_ValueError, "record_columns: a malformed spec");
+    return NULL;
+}
+
+static PyObject *rc_spec(const Recs *r, PyObject *spec) {
+    static const Py_ssize_t want[] = {2, 2, 3, 2, 2, 7, 5, 6, 4, 4};
+    Py_ssize_t n = r->n;
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1) return rc_bad();
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    if (code == -1 && PyErr_Occurred()) return NULL;
+    if (code < 0 || code > RC_BOOL || PyTuple_GET_SIZE(spec) != want[code]) return rc_bad();
+#define A_(i) PyTuple_GET_ITEM(spec, i)
+    RField f, g;
+    switch (code) {
+    case RC_COL:
+        return Py_NewRef(A_(1));
+    case RC_REPEAT: { /* arrowipc.repeat_bytes */
+        if (!PyBytes_Check(A_(1))) return rc_bad();
+        Py_ssize_t m = PyBytes_GET_SIZE(A_(1));
+        if ((int64_t)m * n >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "arrowipc: a string column of 2 GiB or more in one batch");
+            return NULL;
+        }
+        PyObject *offs = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+        if (offs) {
+            int32_t *o = (int32_t *)PyBytes_AS_STRING(offs);
+            for (Py_ssize_t i = 0; i <= n; i++) o[i] = (int32_t)(i * m);
+        }
+        PyObject *names[2] = {s_pattern, s_size};
+        PyObject *vals[2] = {Py_NewRef(A_(1)), PyLong_FromSsize_t(m * n)};
+        return rc_column(r, 0, 3, Py_NewRef(Py_None), offs, rc_new(r->constt, 2, names, vals));
+    }
+    case RC_CONST: { /* arrowipc.const_ints */
+        long w = PyLong_AsLong(A_(1));
+        if (w == -1 && PyErr_Occurred()) return NULL;
+        if (w != 4 && w != 8) return rc_bad();
+        if (A_(2) == Py_None) return rc_nulls_of(r, w == 4 ? "int32" : "int64");
+        long long v = PyLong_AsLongLong(A_(2));
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        char pat[8];
+        if (w == 4) {
+            if (v < INT32_MIN || v > INT32_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "record_columns: an int32 out of range");
+                return NULL;
+            }
+            int32_t x = (int32_t)v;
+            memcpy(pat, &x, 4);
+        } else {
+            int64_t x = (int64_t)v;
+            memcpy(pat, &x, 8);
+        }
+        return rc_column(r, 0, 2, Py_NewRef(Py_None), rc_const(r, pat, w, w * n), NULL);
+    }
+    case RC_NULLS:
+        return rc_nulls(r, A_(1));
+    case RC_ONE: {
+        long long sid = PyLong_AsLongLong(A_(1));
+        if (sid == -1 && PyErr_Occurred()) return NULL;
+        return rc_one(r, sid);
+    }
+    case RC_INT: { /* arrowipc.ints of the field + add (valid: the field >= 0) */
+        if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
+        long w = PyLong_AsLong(A_(4));
+        if (w == -1 && PyErr_Occurred()) return NULL;
+        long long add = PyLong_AsLongLong(A_(5));
+        if (add == -1 && PyErr_Occurred()) return NULL;
+        int nullneg = PyObject_IsTrue(A_(6));
+        if (nullneg < 0) return NULL;
+        if (w != 4 && w != 8) return rc_bad();
+        PyObject *bitmap = NULL;
+        Py_ssize_t k = 0;
+        if (nullneg && rc_valid(r, &f, &bitmap, &k) < 0) return NULL;
+        if (k == n && n) {
+            Py_XDECREF(bitmap);
+            return rc_nulls_of(r, w == 4 ? "int32" : "int64");
+        }
+        PyObject *data = PyBytes_FromStringAndSize(NULL, n * w);
+        if (data) {
+            char *d = PyBytes_AS_STRING(data);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int64_t v = (int64_t)((uint64_t)rc_get(r, &f, i) + (uint64_t)add);
+                if (w == 4) {
+                    int32_t x = (int32_t)v;
+                    memcpy(d + 4 * i, &x, 4);
+                } else {
+                    memcpy(d + 8 * i, &v, 8);
+                }
+            }
+        }
+        return rc_column(r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), data, NULL);
+    }
+    case RC_DIFF: { /* arrowipc.ints of field1 - field0 */
+        if (rc_field_at(r, A_(2), 'q', &f) < 0 || rc_field_at(r, A_(4), 'q', &g) < 0)
+            return NULL;
+        PyObject *data = PyBytes_FromStringAndSize(NULL, n * 8);
+        if (data) {
+            char *d = PyBytes_AS_STRING(data);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int64_t v = (int64_t)((uint64_t)rc_get(r, &f, i) - (uint64_t)rc_get(r, &g, i));
+                memcpy(d + 8 * i, &v, 8);
+            }
+        }
+        return rc_column(r, 0, 2, Py_NewRef(Py_None), data, NULL);
+    }
+    case RC_TAKE: { /* arrowipc.dict_take of the field */
+        if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
+        Py_buffer b[2];
+        Ids v[2];
+        Py_ssize_t len[2] = {0, 0};
+        int got = 0, m = A_(5) == Py_None ? 1 : 2;
+        PyObject *out = NULL;
+        int64_t *tmp = NULL;
+        for (; got < m; got++) {
+            if (PyObject_GetBuffer(A_(4 + got), &b[got], PyBUF_STRIDES | PyBUF_FORMAT) < 0)
+                goto take_done;
+            if (ids_of(&b[got], &v[got]) < 0) {
+                got++;
+                goto take_done;
+            }
+            len[got] = b[got].shape ? b[got].shape[0] : b[got].len / b[got].itemsize;
+        }
+        tmp = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+        if (!tmp) {
+            PyErr_NoMemory();
+            goto take_done;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            int64_t j = rc_get(r, &f, k);
+            if (j >= 0 && m == 2) {
+                if (j >= len[1]) goto take_past;
+                j = id_at(&v[1], (Py_ssize_t)j);
+            }
+            if (j >= 0) {
+                if (j >= len[0]) goto take_past;
+                j = id_at(&v[0], (Py_ssize_t)j);
+            }
+            tmp[k] = j < 0 ? -1 : j;
+        }
+        const Ids w = {(const char *)tmp, 8, 1};
+        out = rc_dict(r, &w);
+        goto take_done;
+    take_past:
+        PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
+    take_done:
+        PyMem_Free(tmp);
+        for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+        return out;
+    }
+    case RC_INDEX: { /* arrowipc.dict_indices of the field */
+        if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
+        const Ids w = {r->base + f.off, r->itemsize, f.code != 'i'};
+        return rc_dict(r, &w);
+    }
+    case RC_BOOL: { /* arrowipc.bools(field == 1, field >= 0) */
+        if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
+        PyObject *bitmap = NULL;
+        Py_ssize_t k = 0;
+        if (rc_valid(r, &f, &bitmap, &k) < 0) return NULL;
+        if (k == n && n) {
+            Py_XDECREF(bitmap);
+            return rc_nulls_of(r, "bool");
+        }
+        PyObject *data = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (data) {
+            uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(data);
+            memset(bits, 0, (size_t)(n + 7) / 8);
+            for (Py_ssize_t i = 0; i < n; i++)
+                bits[i >> 3] |= (uint8_t)((rc_get(r, &f, i) == 1) << (i & 7));
+        }
+        return rc_column(r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), data, NULL);
+    }
+    }
+#undef A_
+    return rc_bad();
+}
+
+static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_columns(recs, itemsize, specs: list, Column, Const)");
+        return NULL;
+    }
+    Py_ssize_t itemsize = PyLong_AsSsize_t(args[1]);
+    if (itemsize == -1 && PyErr_Occurred()) return NULL;
+    if (itemsize <= 0) {
+        PyErr_SetString(PyExc_ValueError, "record_columns: itemsize must be positive");
+        return NULL;
+    }
+    if (!PyType_Check(args[3]) || !PyType_Check(args[4]) ||
+        !((PyTypeObject *)args[3])->tp_new || !((PyTypeObject *)args[4])->tp_new) {
+        PyErr_SetString(PyExc_TypeError, "record_columns: Column and Const must be classes");
+        return NULL;
+    }
+    if (ipc_names() < 0) return NULL;
+    Py_buffer rb;
+    if (PyObject_GetBuffer(args[0], &rb, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    PyObject *out = NULL;
+    if (rb.len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "record_columns: not a whole number of records");
+        goto done;
+    }
+    Recs r = {(const char *)rb.buf, itemsize, rb.len / itemsize, args[3], args[4]};
+    Py_ssize_t m = PyList_GET_SIZE(args[2]);
+    out = PyList_New(m);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *c = rc_spec(&r, PyList_GET_ITEM(args[2], i));
+        if (!c) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, c);
+    }
+done:
+    PyBuffer_Release(&rb);
+    return out;
+}
+
 /* arg_column(refs, objs, cache) -> the args column of pprobe.writer._args: (null count,
    validity bitmap or None, int32 offsets, UTF-8 data) as bytes, where row k is the text
    cache holds for the set objs[refs[k]] (null where refs[k] is negative); or, where some
@@ -5343,7 +5774,6 @@ static PyObject *ipc_lz4_periodic(PyObject *self, PyObject *args) {
     return r;
 }
 
-static PyObject *s_length, *s_null_count, *s_buffers, *s_child, *s_pattern, *s_size;
 #define CONST_MIN 64
 
 typedef struct {
@@ -5395,15 +5825,7 @@ static PyObject *ipc_batch_message(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "nO!O|Lp", &num_rows, &PyList_Type, &columns, &const_type,
                           &dict_id, &delta))
         return NULL;
-    if (!s_length) {
-        if (!(s_length = PyUnicode_InternFromString("length")) ||
-            !(s_null_count = PyUnicode_InternFromString("null_count")) ||
-            !(s_buffers = PyUnicode_InternFromString("buffers")) ||
-            !(s_child = PyUnicode_InternFromString("child")) ||
-            !(s_pattern = PyUnicode_InternFromString("pattern")) ||
-            !(s_size = PyUnicode_InternFromString("size")))
-            return NULL;
-    }
+    if (ipc_names() < 0) return NULL;
     static const unsigned char pad0[8] = {0};
     static const unsigned char raw[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
     PyObject *out = PyList_New(1), *stack = PyList_New(0), *raw_b = NULL;
@@ -5774,6 +6196,9 @@ static PyMethodDef methods[] = {
      "ipc_lz4_periodic(pattern, size) -> bytes: arrowipc.lz4_periodic's twin"},
     {"ipc_writev", ipc_writev, METH_VARARGS,
      "ipc_writev(fd, pieces): safefs.write_all_v's twin (the GIL released while writing)"},
+    {"record_columns", (PyCFunction)(void (*)(void))record_columns, METH_FASTCALL,
+     "record_columns(recs, itemsize, specs, Column, Const) -> the batch's columns made from "
+     "the records' fixed fields (writer._py_record_columns's twin)"},
     {"dict_take", (PyCFunction)(void (*)(void))dict_take, METH_FASTCALL,
      "dict_take(table, idx, inner=None) -> dict_indices(table[idx]) in one pass"},
     {"arg_column", (PyCFunction)(void (*)(void))arg_column, METH_FASTCALL,

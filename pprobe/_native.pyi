@@ -151,3 +151,7 @@ def utf8_column(items: list[Any], ids: Any = ...) -> tuple[int, bytes | None, by
 def utf8_column(
     items: list[Any], ids: Any, one: bool
 ) -> tuple[int, bytes | None, bytes, bytes] | int: ...
+def record_columns(
+    recs: Any, itemsize: int, specs: list[tuple[Any, ...]], column: type, const: type, /
+) -> list[Any]:
+    """The columns of a batch made from the records' fixed fields (writer.record_columns)."""

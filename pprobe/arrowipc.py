@@ -358,7 +358,7 @@ def dict_indices(np: Any, ids: Any) -> Column:
     else:
         lo, hi = int(ids.min()), int(ids.max())
     if lo == hi:
-        return _one_index(np, lo, n)
+        return one_index(np, lo, n)
     if hi + 1 >= 1 << 31:
         raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
     idx = np.add(ids, 1, dtype=np.int32, casting="unsafe")
@@ -369,7 +369,7 @@ def dict_indices(np: Any, ids: Any) -> Column:
     return Column(n, k, [bitmap, idx])
 
 
-def _one_index(np: Any, sid: int, n: int) -> Column:
+def one_index(np: Any, sid: int, n: int) -> Column:
     """A dict<utf8> column whose ``n`` rows are all string id ``sid`` (< 0: null)."""
     if sid + 1 >= 1 << 31:
         raise ValueError("arrowipc: a dictionary of 2**31 strings or more")
@@ -388,7 +388,7 @@ def dict_take(np: Any, table: Any, idx: Any, inner: Any = None) -> Column:
         if got.__class__ is not int:
             k, bitmap, ix = got
             return Column(len(idx), k, [bitmap, ix])
-        return _one_index(np, got, len(idx))
+        return one_index(np, got, len(idx))
     j = np.asarray(idx, dtype=np.int64)
     if inner is not None:
         j = np.where(j >= 0, np.asarray(inner, dtype=np.int64)[np.maximum(j, 0)], -1)

@@ -22,7 +22,7 @@ from typing import Any
 
 CORES = ("auto", "native", "python")
 #: The interface version this Python side expects of pprobe/_native.c (PPROBE_NATIVE_API).
-API = 17
+API = 18
 
 native: ModuleType | None = None
 ENGINE = "python"

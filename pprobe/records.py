@@ -56,6 +56,21 @@ DESC_SIZE = DESC_STRUCT.size  # 160
 OP_OBJ_FIELDS = ("args",)
 DESC_OBJ_FIELDS = ("stats", "path", "note", "shape_ref")
 
+
+def _layout(fields: tuple) -> dict[str, tuple[int, str]]:
+    """name -> (byte offset in the record, struct code) of a record's fields."""
+    out, off = {}, 0
+    for name, code in fields:
+        out[name] = (off, code)
+        off += struct.calcsize("=" + code)
+    return out
+
+
+#: Where each field of an op / desc record is: (byte offset, struct code), for the native
+#: core's column passes (pprobe.writer's record_columns specs).
+OP_AT = _layout(OP_FIELDS)
+DESC_AT = _layout(DESC_FIELDS)
+
 STATS_NONE = -2
 STATS_INLINE = -1
 

@@ -37,6 +37,72 @@ FORK_WAIT_S = 5.0
 SWITCH_S = 0.0002  # the GIL switch interval while the writer works
 
 
+# ---------------------------------------------------------------------- fixed columns
+#: record_columns' spec codes (pprobe/_native.c record_columns lists the specs).
+(RC_COL, RC_REPEAT, RC_CONST, RC_NULLS, RC_ONE,
+ RC_INT, RC_DIFF, RC_TAKE, RC_INDEX, RC_BOOL) = range(10)  # fmt: skip
+#: name -> (name, byte offset, struct code) of the op and desc records' fields, as specs take them
+_OPF = {k: (k, *v) for k, v in records.OP_AT.items()}
+_DESCF = {k: (k, *v) for k, v in records.DESC_AT.items()}
+#: The tensors batch's columns past ``grad`` when no row has statistics, a dump or a note.
+_NO_OBJECT_COLUMNS = (
+    *((RC_NULLS, A.FLOAT64),) * 4,  # min, max, mean, std
+    (RC_NULLS, A.INT64),  # nan
+    (RC_NULLS, A.INT64),  # inf
+    (RC_NULLS, A.UTF8),  # dump path
+    (RC_NULLS, A.UTF8),  # note
+    (RC_NULLS, A.UTF8),  # dump codec
+    (RC_NULLS, A.FLOAT64),  # dump max abs error
+    (RC_NULLS, A.INT64),  # dump bytes
+)
+
+
+def record_columns(np: Any, recs: Any, specs: list) -> list:
+    """The columns ``specs`` describe (pprobe/_native.c record_columns), over ``recs``, a
+    record buffer as a structured array: the native core's one call where it runs, else
+    :func:`py_record_columns`, the same columns."""
+    native = core.native
+    if native is not None and len(recs):
+        return native.record_columns(recs, recs.dtype.itemsize, specs, A.Column, A.Const)  # type: ignore[no-any-return]
+    return py_record_columns(np, recs, specs)
+
+
+def py_record_columns(np: Any, recs: Any, specs: list) -> list:
+    """:func:`record_columns` with pprobe.arrowipc's functions, one spec at a time (the twin
+    of the native core's record_columns)."""
+    n = len(recs)
+    out = []
+    for spec in specs:
+        code = spec[0]
+        if code == RC_COL:
+            c = spec[1]
+        elif code == RC_REPEAT:
+            c = A.repeat_bytes(np, spec[1], n)
+        elif code == RC_CONST:
+            c = A.const_ints(np, spec[2], A.INT32 if spec[1] == 4 else A.INT64, n)
+        elif code == RC_NULLS:
+            c = A.nulls(np, spec[1], n)
+        elif code == RC_ONE:
+            c = A.one_index(np, spec[1], n)
+        elif code == RC_INT:
+            v = recs[spec[1]]
+            add, tp = spec[5], A.INT32 if spec[4] == 4 else A.INT64
+            c = A.ints(np, v + add if add else v, tp, v >= 0 if spec[6] else None)
+        elif code == RC_DIFF:
+            c = A.ints(np, recs[spec[1]] - recs[spec[3]], A.INT64)
+        elif code == RC_TAKE:
+            c = A.dict_take(np, spec[4], recs[spec[1]], spec[5])
+        elif code == RC_INDEX:
+            c = A.dict_indices(np, recs[spec[1]])
+        elif code == RC_BOOL:
+            g = recs[spec[1]]
+            c = A.bools(np, g == 1, g >= 0)
+        else:
+            raise ValueError(f"record_columns: an unknown spec code {code!r}")
+        out.append(c)
+    return out
+
+
 class Writer:
     def __init__(
         self,
@@ -317,11 +383,13 @@ class Writer:
 
     def _to_batches(self, heads: bytes, descs: bytes, objs: list, n: int) -> tuple[Any, Any]:
         """Records (pprobe.records) -> (ops, tensors) record batches (arrowipc.Batch), column
-        by column, with NumPy only.
+        by column, with NumPy and the native core's passes only.
 
-        Fixed fields go from the record buffers to Arrow's layout through NumPy views; names
-        are ids into records.strings, written as dictionary indices (arrowipc.dict_indices:
-        the shard's dictionary is :class:`_Strings`' items). Only the rare
+        Fixed fields go from the record buffers to Arrow's layout in one call per batch
+        (:func:`record_columns`, from a list of specs: the native core's record_columns, or
+        arrowipc's functions over NumPy views); names are ids into records.strings, written
+        as dictionary indices (arrowipc.dict_indices: the shard's dictionary is
+        :class:`_Strings`' items). Only the rare
         per-call objects (args, dump paths, notes, deep shapes) are looked at one by one.
         Nothing here builds a list of Python ints per row (NumPy's tests count small-int
         references) or imports a module the program did not import (pyarrow among them)."""
@@ -334,8 +402,6 @@ class Writer:
         # Per op index and per call site: string ids, named as ops and sites appear.
         op_ids = self._op_table(np, op_index)
         site_ids = self._site_table(np)
-        seq = ops["seq"]
-        t0 = ops["t0"]
         # Thread names: per distinct thread serial (state.thread_names).
         threads = ops["thread"]
         if n and (threads == threads[0]).all():  # one thread: no sort
@@ -344,44 +410,70 @@ class Writer:
             thr_u, thr_inv = np.unique(threads, return_inverse=True)
         names = [state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
         thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
-        stack = ops["site"]  # a call stack's id (recorder.stack_*): its first frame: the site
-        has_site = stack >= 0
-        st_site = recorder.stack_site
         # a copy in one call: an exported buffer would stop the recording thread's appends
-        first = np.frombuffer(st_site.tobytes() or bytes(8), dtype=np.int64)
-        parent = ops["parent"]
+        first = np.frombuffer(recorder.stack_site.tobytes() or bytes(8), dtype=np.int64)
         args = self._args(np, ops["args"], objs)
         strs.refresh()
-        index, take = A.dict_indices, A.dict_take
-        ops_cols = [
-            A.repeat(np, self.run_id, n),
-            A.repeat(np, self.host, n),
-            A.const_ints(np, self.pid, A.INT64, n),
-            A.const_ints(np, state.rank, A.INT32, n),
-            A.const_ints(np, state.world_size, A.INT32, n),
-            A.ints(np, seq, A.INT64),
-            take(np, thread_sids, thr_inv.reshape(-1)),
-            A.ints(np, t0 + self.epoch0, A.INT64),
-            A.ints(np, ops["t1"] - t0, A.INT64),
-            take(np, op_ids[0], op_index),
-            take(np, op_ids[1], op_index),
-            take(np, op_ids[2], op_index),
-            take(np, op_ids[3], op_index),
-            index(np, ops["status"]),
-            take(np, site_ids[0], stack, first),  # (the stack's first frame's site)
-            take(np, site_ids[1], stack, first),
-            index(np, ops["module"]),
-            index(np, ops["phase"]),
-            A.ints(np, ops["step"], A.INT64),
-            A.ints(np, ops["depth"], A.INT32),
-            A.ints(np, parent, A.INT64, parent >= 0),
-            args,
-            A.ints(np, stack, A.INT64, has_site),
-        ]
+        one_thread = len(thread_sids) == 1
+        # the op record's "site" field holds its call stack's id (recorder.stack_*): the
+        # stack's first frame is the call site
+        ops_specs = [
+            (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
+            (RC_REPEAT, self.host.encode("utf-8", "replace")),
+            (RC_CONST, 8, self.pid),
+            (RC_CONST, 4, state.rank),
+            (RC_CONST, 4, state.world_size),
+            (RC_INT, *_OPF["seq"], 8, 0, False),
+            (RC_ONE, int(thread_sids[0])) if one_thread
+            else (RC_COL, A.dict_take(np, thread_sids, thr_inv.reshape(-1))),
+            (RC_INT, *_OPF["t0"], 8, self.epoch0, False),
+            (RC_DIFF, *_OPF["t1"][:2], *_OPF["t0"][:2]),
+            (RC_TAKE, *_OPF["op"], op_ids[0], None),
+            (RC_TAKE, *_OPF["op"], op_ids[1], None),
+            (RC_TAKE, *_OPF["op"], op_ids[2], None),
+            (RC_TAKE, *_OPF["op"], op_ids[3], None),
+            (RC_INDEX, *_OPF["status"]),
+            (RC_TAKE, *_OPF["site"], site_ids[0], first),
+            (RC_TAKE, *_OPF["site"], site_ids[1], first),
+            (RC_INDEX, *_OPF["module"]),
+            (RC_INDEX, *_OPF["phase"]),
+            (RC_INT, *_OPF["step"], 8, 0, False),
+            (RC_INT, *_OPF["depth"], 4, 0, False),
+            (RC_INT, *_OPF["parent"], 8, 0, True),
+            (RC_COL, args),
+            (RC_INT, *_OPF["site"], 8, 0, True),  # the stack id (null: no site)
+        ]  # fmt: skip
+        ops_cols = record_columns(np, ops, ops_specs)
         ops_batch = A.Batch(logschema.OPS, n, ops_cols, strs.items)
         ds = np.frombuffer(descs, dtype=desc_dt)
         m = len(ds)
         stats_kind = ds["stats"]
+        obj_cols: Any = _NO_OBJECT_COLUMNS  # log mode: no statistics, dump or note
+        if m and (
+            stats_kind.max() != records.STATS_NONE  # statistics (inline, or on a device)
+            or (objs and max(ds["path"].max(), ds["note"].max()) >= 0)  # dumps, notes
+        ):
+            obj_cols = self._object_columns(np, ds, objs, stats_kind)
+        t_specs = [
+            (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
+            (RC_CONST, 8, self.pid),
+            (RC_INT, *_DESCF["seq"], 8, 0, False),
+            (RC_INDEX, *_DESCF["role"]),
+            (RC_INDEX, *_DESCF["idx"]),
+            (RC_COL, _shapes(np, A, ds, objs)),
+            (RC_INDEX, *_DESCF["dtype"]),
+            (RC_INDEX, *_DESCF["device"]),
+            (RC_BOOL, *_DESCF["grad"]),
+            *obj_cols,
+        ]
+        t_cols = record_columns(np, ds, t_specs)
+        return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
+
+    def _object_columns(self, np: Any, ds: Any, objs: list, stats_kind: Any) -> list:
+        """The tensors batch's columns past ``grad`` (statistics, dump path, note, dump codec)
+        as record_columns specs: from the desc records and the per-row objects they point to
+        (statistics still on a device, dump paths, notes)."""
+        m = len(ds)
         cols = {f: ds[f] for f in ("min", "max", "mean", "std", "nan", "inf")}
         paths: list = [None] * m
         notes: list = [None] * m
@@ -437,23 +529,12 @@ class Writer:
         else:  # log mode: no statistics in the batch
             stat_cols = [A.nulls(np, A.FLOAT64, m) for _ in _STAT_FLOATS]
             stat_cols += [A.nulls(np, A.INT64, m), A.nulls(np, A.INT64, m)]
-        grad = ds["grad"]
-        t_cols = [
-            A.repeat(np, self.run_id, m),
-            A.const_ints(np, self.pid, A.INT64, m),
-            A.ints(np, ds["seq"], A.INT64),
-            index(np, ds["role"]),
-            index(np, ds["idx"]),
-            _shapes(np, A, ds, objs),
-            index(np, ds["dtype"]),
-            index(np, ds["device"]),
-            A.bools(np, grad == 1, grad >= 0),
-            *stat_cols,
-            _str_column(np, paths),
-            _str_column(np, notes),
-            *codec_cols,
+        return [
+            *((RC_COL, c) for c in stat_cols),
+            (RC_COL, _str_column(np, paths)),
+            (RC_COL, _str_column(np, notes)),
+            *((RC_COL, c) for c in codec_cols),
         ]
-        return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
 
     def _codec_columns(
         self, np: Any, A: Any, dumper: Any, paths: list, with_path: list, has_path: Any, m: int

@@ -287,3 +287,98 @@ def test_format_value_of_an_int_too_long_for_a_text() -> None:
     type's, as before the shortcut, and the flush goes on."""
     assert values.format_value(10**5000) == "<int>"
     assert writer._arg_bytes((("x", 10**5000),)) == b"x=<int>"
+
+
+def _specs_for(rng: random.Random, n: int, sids: list[int]) -> list:
+    """Every kind of record_columns spec over the op records' fields."""
+    f = writer._OPF
+    table = np.array([rng.choice([-1, *sids]) for _ in range(7)], dtype=np.int64)
+    inner = np.array([rng.randrange(-1, 7) for _ in range(6)], dtype=np.int64)
+    W = writer
+    return [
+        (W.RC_COL, A.repeat(np, "given", n)),
+        (W.RC_REPEAT, "run-é".encode()),
+        (W.RC_REPEAT, b""),
+        (W.RC_CONST, 8, 12345678901),
+        (W.RC_CONST, 4, -3),
+        (W.RC_CONST, 4, None),
+        *((W.RC_NULLS, tp) for tp in (A.UTF8, A.INT32, A.INT64, A.FLOAT64, A.BOOL, A.DICT_UTF8)),
+        (W.RC_ONE, sids[1]),
+        (W.RC_ONE, -1),
+        (W.RC_INT, *f["seq"], 8, 0, False),
+        (W.RC_INT, *f["t0"], 8, 1_700_000_000_000_000_000, False),
+        (W.RC_INT, *f["thread"], 8, 0, False),
+        (W.RC_INT, *f["depth"], 4, 0, False),
+        (W.RC_INT, *f["parent"], 8, 0, True),
+        (W.RC_INT, *f["site"], 8, 0, True),
+        (W.RC_DIFF, *f["t1"][:2], *f["t0"][:2]),
+        (W.RC_TAKE, *f["op"], table, None),
+        (W.RC_TAKE, *f["site"], table, inner),
+        (W.RC_INDEX, *f["status"]),
+        (W.RC_INDEX, *f["module"]),
+        (W.RC_BOOL, *f["args"]),
+    ]
+
+
+@pytest.mark.skipif(core.native is None, reason="the native core is not built")
+@pytest.mark.parametrize("n", [1, 2, 9, 64, 1000])
+def test_record_columns_are_their_twins(n: int) -> None:
+    """native.record_columns makes, from the records' fields, the columns that its twin
+    (writer.py_record_columns: arrowipc's functions) makes: the same null counts, the same
+    buffers, the same IPC bytes once written; a column of one value in every row stays one
+    value (arrowipc.Const) on both sides."""
+    rng = random.Random(n)
+    sids = [records.sid(t) for t in ("ok", "é", "", "torch.add")]
+    op_dt, _ = records.numpy_dtypes()
+    for case in ("mixed", "one", "nulls"):
+        recs = np.zeros(n, dtype=op_dt)
+        for name, _code in records.OP_FIELDS:
+            if case == "mixed":
+                lo, hi = (0, 2**40) if name in ("t0", "t1", "seq", "thread") else (-1, 6)
+                recs[name] = [rng.randrange(lo, hi) for _ in range(n)]
+            else:
+                recs[name] = 3 if case == "one" else (-1 if name not in ("thread",) else 0)
+        recs["args"] = [rng.randrange(-1, 2) for _ in range(n)]  # grad-like: -1, 0, 1
+        specs = _specs_for(rng, n, sids)
+        got = core.native.record_columns(recs, recs.dtype.itemsize, specs, A.Column, A.Const)  # type: ignore[union-attr]
+        want = writer.py_record_columns(np, recs, specs)
+        assert len(got) == len(want) == len(specs)
+        for spec, g, w in zip(specs, got, want):
+            assert (g.length, g.null_count) == (w.length, w.null_count), (case, spec[:2])
+            assert [type(b) is A.Const for b in g.buffers] == [
+                type(b) is A.Const for b in w.buffers
+            ], (case, spec[:2])
+            assert [A.Const if b is None else bytes(b) for b in g.buffers] == [
+                A.Const if b is None else bytes(b) for b in w.buffers
+            ], (case, spec[:2])
+        fields = [(f"c{i}", "int64") for i in range(len(specs))]
+        msg = [A.py_batch_message(A.Batch(fields, n, c)) for c in (got, want)]
+        assert [b"".join(map(bytes, m)) for m in msg][0] == b"".join(map(bytes, msg[1]))
+
+
+@pytest.mark.skipif(core.native is None, reason="the native core is not built")
+def test_record_columns_refuses_what_it_cannot_read() -> None:
+    """A malformed spec, a field past the record, a partial record, an index past its
+    table: an exception (the writer reports it), never a read outside the buffers."""
+    fn = core.native.record_columns  # type: ignore[union-attr]
+    op_dt, _ = records.numpy_dtypes()
+    recs = np.zeros(3, dtype=op_dt)
+    size = op_dt.itemsize
+    table = np.zeros(2, dtype=np.int64)
+    bad = [
+        [(99,)],
+        [(writer.RC_INT, "seq", size - 4, "q", 8, 0, False)],
+        [(writer.RC_INT, "seq", 0, "d", 8, 0, False)],
+        [(writer.RC_INT, "seq", 0, "q", 2, 0, False)],
+        [(writer.RC_NULLS, "decimal")],
+        [(writer.RC_CONST, 4, 2**40)],
+        [(writer.RC_REPEAT, "not bytes")],
+    ]
+    for specs in bad:
+        with pytest.raises((ValueError, TypeError, OverflowError)):
+            fn(recs, size, specs, A.Column, A.Const)
+    with pytest.raises(ValueError):
+        fn(recs.tobytes()[:-1], size, [], A.Column, A.Const)
+    recs["op"] = 5
+    with pytest.raises(IndexError):
+        fn(recs, size, [(writer.RC_TAKE, *writer._OPF["op"], table, None)], A.Column, A.Const)
