@@ -388,9 +388,12 @@ _orig_zero_grad: Any = None  # Optimizer.zero_grad as pprobe found it (None: not
 _zero_grad: Any = None  # the patch in place
 
 
-def _mode_off(orig: Any, args: tuple, kwargs: dict) -> Any:
+def _mode_off(orig: Any, args: tuple, kwargs: dict, ready: Any = None) -> Any:
     """``orig(*args, **kwargs)`` with the api mode taken off this thread's stack where it is
-    on top (a program's mode above it, or none of pprobe's: as it is), and put back after."""
+    on top (a program's mode above it, or none of pprobe's: as it is), and put back after.
+    With ``ready``, a check run with the mode off first (``ready(*args)``): where it fails
+    (or raises: ``orig`` then meets the same problem, with the mode on, as unprobed) the mode
+    goes back on before ``orig`` runs."""
     mode = _api_mode
     if not _on or mode is None or _is_compiling():
         return orig(*args, **kwargs)
@@ -404,6 +407,13 @@ def _mode_off(orig: Any, args: tuple, kwargs: dict) -> Any:
         return orig(*args, **kwargs)
     try:
         _C._pop_torch_function_stack()  # (in the try: an interrupt right after it)
+        if ready is not None:
+            try:
+                ok = ready(*args)
+            except Exception:  # (what orig then raises with the mode on is the program's)
+                ok = False
+            if not ok:
+                _C._push_on_torch_function_stack(mode)
         return orig(*args, **kwargs)
     finally:
         if _C._len_torch_function_stack() < n:
@@ -450,6 +460,16 @@ def _patch_zero_grad(on: bool) -> None:
 #: the mode until it is read and added here: an ``_init_group`` can make rows (Adam's makes
 #: its state's tensors at the first step), and tensor arithmetic names nothing in the code.
 _QUIET_INIT_GROUPS = frozenset({"4f37e3b65b7e88390e98f788256b63c2"})
+#: The ``_init_group`` methods that make rows only while a parameter with a gradient has no
+#: state yet (its lazy initialisation: ``torch.zeros``, ``torch.zeros_like``): run with the
+#: api mode off once every such parameter has its state (:func:`_states_ready`), by their
+#: code: Adam's (AdamW's is Adam's) and RMSprop's of torch 2.13 on CPython 3.11. Past the
+#: first step they read each parameter's ``grad`` three times and ``is_sparse`` once, call
+#: ``torch.is_complex`` (no row) and look up the state's tensors: 30 passes through the mode
+#: a step on the torch MLP.
+_QUIET_WITH_STATE = frozenset(
+    {"a6a6d12cda2bcbedbf2a883ba510c5fe", "4d3c15b3eddbf2887ea3d2a5a3fdef1b"}
+)
 _init_groups: list[tuple[type, Any, Any]] = []  # (optimizer class, its original, the patch)
 
 
@@ -467,6 +487,39 @@ def _init_group_for(orig: Any) -> Any:
         if group.__class__ is not dict or group.get("fused"):
             return orig(self, group, *args, **kwargs)
         return _mode_off(orig, (self, group, *args), kwargs)
+
+    return _init_group
+
+
+def _states_ready(self: Any, group: Any, *args: Any) -> bool:
+    """Whether every parameter of ``group`` that has a gradient has its optimizer state
+    (run with the api mode off; reads only: ``self.state`` is a defaultdict, not indexed)."""
+    state = self.state
+    for p in group["params"]:
+        if p.grad is not None and not state.get(p):
+            return False
+    return True
+
+
+def _init_group_with_state(orig: Any) -> Any:
+    """An optimizer's ``_init_group`` (``orig``: one of :data:`_QUIET_WITH_STATE`) with the
+    api mode off once its parameters' state exists (:func:`_states_ready`, checked with the
+    mode off at each call); before that (the first step, a parameter's first gradient), with
+    the mode on: the state's tensors are rows. The mode stays on for ``fused`` (a check that
+    calls torch functions at the state's creation), ``capturable`` and ``differentiable``
+    groups."""
+
+    @functools.wraps(orig)
+    def _init_group(self: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        if (
+            group.__class__ is not dict
+            or group.get("fused")
+            or group.get("capturable")
+            or group.get("differentiable")
+        ):
+            return orig(self, group, *args, **kwargs)
+        return _mode_off(orig, (self, group, *args), kwargs, _states_ready)
 
     return _init_group
 
@@ -491,9 +544,15 @@ def _patch_init_groups(on: bool) -> None:
                 continue
             orig = cls.__dict__.get("_init_group")
             code = getattr(orig, "__code__", None)
-            if code is None or not _quiet_init_group(code):
+            if not isinstance(code, CodeType):
                 continue
-            patch = _init_group_for(orig)
+            digest = _init_group_digest(code)
+            if digest in _QUIET_INIT_GROUPS:
+                patch = _init_group_for(orig)
+            elif digest in _QUIET_WITH_STATE:
+                patch = _init_group_with_state(orig)
+            else:
+                continue
             cls._init_group = patch  # type: ignore[attr-defined]
             _init_groups.append((cls, orig, patch))
     elif not on:
