@@ -4731,6 +4731,29 @@ static PyObject *dict_indices(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* out[k] = table[j] (table[inner[j]] with inner) for j = idx[k], -1 where j (or inner[j]) is
+   negative: dict_take's and record_columns' lookup. -1 with an IndexError raised: an index
+   past its table. */
+static int take_ids(const Ids *idx, Py_ssize_t n, const Ids *table, Py_ssize_t ntable,
+                    const Ids *inner, Py_ssize_t ninner, int64_t *out) {
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t j = id_at(idx, k);
+        if (j >= 0 && inner) {
+            if (j >= ninner) goto past;
+            j = id_at(inner, (Py_ssize_t)j);
+        }
+        if (j >= 0) {
+            if (j >= ntable) goto past;
+            j = id_at(table, (Py_ssize_t)j);
+        }
+        out[k] = j < 0 ? -1 : j;
+    }
+    return 0;
+past:
+    PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
+    return -1;
+}
+
 /* dict_take(table, idx[, inner]) -> dict_indices(ids) for ids[k] = table[j], where j is
    idx[k] (inner[idx[k]] with inner), and -1 where j is negative: an op, site or thread
    column of pprobe.writer in one pass, from a record buffer's field as it is (strided).
@@ -4761,23 +4784,10 @@ static PyObject *dict_take(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t j = id_at(&v[1], k);
-        if (j >= 0 && m == 3) {
-            if (j >= len[2]) goto past;
-            j = id_at(&v[2], (Py_ssize_t)j);
-        }
-        if (j >= 0) {
-            if (j >= len[0]) goto past;
-            j = id_at(&v[0], (Py_ssize_t)j);
-        }
-        tmp[k] = j < 0 ? -1 : j;
+    if (take_ids(&v[1], n, &v[0], len[0], m == 3 ? &v[2] : NULL, len[2], tmp) == 0) {
+        const Ids w = {(const char *)tmp, 8, 1};
+        out = dict_indices_of(&w, n);
     }
-    const Ids w = {(const char *)tmp, 8, 1};
-    out = dict_indices_of(&w, n);
-    goto done;
-past:
-    PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
 done:
     PyMem_Free(tmp);
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
@@ -4933,24 +4943,22 @@ static PyObject *rc_dict(const Recs *r, const Ids *w) {
     return out;
 }
 
-typedef struct {
-    Py_ssize_t off;
-    char code;
-} RField;
-
-static int rc_field_at(const Recs *r, PyObject *offo, char code, RField *f) {
-    f->off = PyLong_AsSsize_t(offo);
-    if (f->off == -1 && PyErr_Occurred()) return -1;
-    f->code = code;
+/* a field of the records (at byte offset off, struct code 'q', 'Q' or 'i') as strided ids */
+static int rc_field_at(const Recs *r, PyObject *offo, char code, Ids *f) {
+    Py_ssize_t off = PyLong_AsSsize_t(offo);
+    if (off == -1 && PyErr_Occurred()) return -1;
     Py_ssize_t w = code == 'i' ? 4 : (code == 'q' || code == 'Q') ? 8 : 0;
-    if (!w || f->off < 0 || f->off + w > r->itemsize) {
+    if (!w || off < 0 || off + w > r->itemsize) {
         PyErr_SetString(PyExc_ValueError, "record_columns: a field outside the record");
         return -1;
     }
+    f->buf = r->base + off;
+    f->stride = r->itemsize;
+    f->wide = w == 8;
     return 0;
 }
 
-static int rc_field(const Recs *r, PyObject *offo, PyObject *codeo, RField *f) {
+static int rc_field(const Recs *r, PyObject *offo, PyObject *codeo, Ids *f) {
     const char *c = PyUnicode_Check(codeo) ? PyUnicode_AsUTF8(codeo) : NULL;
     if (!c || !c[0] || c[1]) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "record_columns: a field's code");
@@ -4959,31 +4967,19 @@ static int rc_field(const Recs *r, PyObject *offo, PyObject *codeo, RField *f) {
     return rc_field_at(r, offo, c[0], f);
 }
 
-static inline int64_t rc_get(const Recs *r, const RField *f, Py_ssize_t k) {
-    const char *p = r->base + k * r->itemsize + f->off;
-    if (f->code == 'i') {
-        int32_t x;
-        memcpy(&x, p, 4);
-        return x;
-    }
-    int64_t x;
-    memcpy(&x, p, 8);
-    return x;
-}
-
 /* the validity bitmap (bytes) of the rows where pred holds, or NULL when it holds in all;
    *nulls: the rows where it does not */
-static int rc_valid(const Recs *r, const RField *f, PyObject **bitmap, Py_ssize_t *nulls) {
+static int rc_valid(const Recs *r, const Ids *f, PyObject **bitmap, Py_ssize_t *nulls) {
     Py_ssize_t n = r->n, k = 0;
     *bitmap = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) k += rc_get(r, f, i) < 0;
+    for (Py_ssize_t i = 0; i < n; i++) k += id_at(f, i) < 0;
     *nulls = k;
     if (!k) return 0;
     *bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
     if (!*bitmap) return -1;
     uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(*bitmap);
     memset(bits, 0, (size_t)(n + 7) / 8);
-    for (Py_ssize_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((rc_get(r, f, i) >= 0) << (i & 7));
+    for (Py_ssize_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((id_at(f, i) >= 0) << (i & 7));
     return 0;
 }
 
@@ -5008,7 +5004,7 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
     if (code == -1 && PyErr_Occurred()) return NULL;
     if (code < 0 || code > RC_BOOL || PyTuple_GET_SIZE(spec) != want[code]) return rc_bad();
 #define A_(i) PyTuple_GET_ITEM(spec, i)
-    RField f, g;
+    Ids f, g;
     switch (code) {
     case RC_COL:
         return Py_NewRef(A_(1));
@@ -5077,7 +5073,7 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
         if (data) {
             char *d = PyBytes_AS_STRING(data);
             for (Py_ssize_t i = 0; i < n; i++) {
-                int64_t v = (int64_t)((uint64_t)rc_get(r, &f, i) + (uint64_t)add);
+                int64_t v = (int64_t)((uint64_t)id_at(&f, i) + (uint64_t)add);
                 if (w == 4) {
                     int32_t x = (int32_t)v;
                     memcpy(d + 4 * i, &x, 4);
@@ -5095,7 +5091,7 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
         if (data) {
             char *d = PyBytes_AS_STRING(data);
             for (Py_ssize_t i = 0; i < n; i++) {
-                int64_t v = (int64_t)((uint64_t)rc_get(r, &f, i) - (uint64_t)rc_get(r, &g, i));
+                int64_t v = (int64_t)((uint64_t)id_at(&f, i) - (uint64_t)id_at(&g, i));
                 memcpy(d + 8 * i, &v, 8);
             }
         }
@@ -5123,23 +5119,10 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
             PyErr_NoMemory();
             goto take_done;
         }
-        for (Py_ssize_t k = 0; k < n; k++) {
-            int64_t j = rc_get(r, &f, k);
-            if (j >= 0 && m == 2) {
-                if (j >= len[1]) goto take_past;
-                j = id_at(&v[1], (Py_ssize_t)j);
-            }
-            if (j >= 0) {
-                if (j >= len[0]) goto take_past;
-                j = id_at(&v[0], (Py_ssize_t)j);
-            }
-            tmp[k] = j < 0 ? -1 : j;
+        if (take_ids(&f, n, &v[0], len[0], m == 2 ? &v[1] : NULL, len[1], tmp) == 0) {
+            const Ids w = {(const char *)tmp, 8, 1};
+            out = rc_dict(r, &w);
         }
-        const Ids w = {(const char *)tmp, 8, 1};
-        out = rc_dict(r, &w);
-        goto take_done;
-    take_past:
-        PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
     take_done:
         PyMem_Free(tmp);
         for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
@@ -5147,8 +5130,7 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
     }
     case RC_INDEX: { /* arrowipc.dict_indices of the field */
         if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
-        const Ids w = {r->base + f.off, r->itemsize, f.code != 'i'};
-        return rc_dict(r, &w);
+        return rc_dict(r, &f);
     }
     case RC_BOOL: { /* arrowipc.bools(field == 1, field >= 0) */
         if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
@@ -5164,7 +5146,7 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
             uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(data);
             memset(bits, 0, (size_t)(n + 7) / 8);
             for (Py_ssize_t i = 0; i < n; i++)
-                bits[i >> 3] |= (uint8_t)((rc_get(r, &f, i) == 1) << (i & 7));
+                bits[i >> 3] |= (uint8_t)((id_at(&f, i) == 1) << (i & 7));
         }
         return rc_column(r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), data, NULL);
     }

@@ -394,7 +394,9 @@ def test_zero_grad_across_sessions(tmp_path: Path) -> None:
     assert "Error" not in r.err
 
 
-INIT_GROUP = """
+#: The optimizer programs' start: a parameter whose ``grad`` property records the length of
+#: the torch function mode stack at each read, and a program's own pass-through mode.
+OPT_PRELUDE = """
 import contextlib
 import torch
 from torch import nn
@@ -413,8 +415,11 @@ class Param:  # _init_group reads p.grad: here a property that looks at the mode
 class PassThrough(TorchFunctionMode):  # a program's mode above pprobe's: its mode stays
     def __torch_function__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
+"""
 
-
+INIT_GROUP = (
+    OPT_PRELUDE
+    + """
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
 for kw in ({}, {"momentum": 0.9}, {"momentum": 0.9, "fused": True}):
@@ -427,6 +432,7 @@ for kw in ({}, {"momentum": 0.9}, {"momentum": 0.9, "fused": True}):
             opt.step()
 print(Param.seen, torch._C._len_torch_function_stack())
 """
+)
 
 
 def test_sgd_init_group_runs_without_the_mode(tmp_path: Path) -> None:
@@ -474,27 +480,9 @@ def test_only_known_init_groups_run_without_the_mode() -> None:
     assert not torch_api._quiet_init_group(_init_group.__code__)
 
 
-INIT_GROUP_STATE = """
-import contextlib
-import torch
-from torch import nn
-from torch.overrides import TorchFunctionMode
-
-
-class Param:  # _init_group reads p.grad: here a property that looks at the mode stack
-    seen = []
-
-    @property
-    def grad(self):
-        Param.seen.append(torch._C._len_torch_function_stack())
-        return None
-
-
-class PassThrough(TorchFunctionMode):  # a program's mode above pprobe's: its mode stays
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
+INIT_GROUP_STATE = (
+    OPT_PRELUDE
+    + """
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
 makers = {
@@ -515,6 +503,7 @@ for name, make in makers.items():
     print(name, Param.seen)
 print(torch._C._len_torch_function_stack(), float(net(torch.ones(1, 4)).sum()))
 """
+)
 
 
 def test_adam_and_rmsprop_init_group_without_the_mode_once_their_state_exists(
