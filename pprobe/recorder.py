@@ -583,8 +583,12 @@ _intern_lock = threading.RLock()
 #   the program's. The code objects are kept alive in _kept: an id is never reused;
 # - a NumPy array's desc record past its seq, by (role, idx, shape, dtype).
 # The rows are the general path's, byte for byte (tests/test_pyengine.py compares them).
-_at_first: dict[tuple[int, int], tuple[Callable, int]] = {}  # -> (trampoline, site or -1)
+#: -> (trampoline, the stack of the call site alone, or -1: not a program frame)
+_at_first: dict[tuple[int, int], tuple[Callable, int]] = {}
 _at_outer: dict[tuple[int, int], int] = {}  # -> site, or -1: not a program frame
+#: (stack so far, id(code), f_lasti) of an outer frame -> the stack with that frame's site
+#: added, or -1: not a program frame (the stack stays): one lookup a frame
+_at_next: dict[tuple[int, int, int], int] = {}
 _fast_tramps: dict[int, Callable] = {}  # id(code) -> the fast path's trampoline running it
 #: (role 0 input / 1 output, idx, shape, dtype) -> desc record past its seq, for NumPy arrays
 #: of a plain dtype (:func:`_rest_miss`)
@@ -601,11 +605,13 @@ _ROLES = ("input", "output")
 def _clear_site_caches() -> None:
     _at_first.clear()
     _at_outer.clear()
+    _at_next.clear()
 
 
 def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
-    """The trampoline and call site of the caller frame ``f`` (a cache miss of :func:`call`):
-    -1 when ``f`` is not a program frame (the general path decides what the call is)."""
+    """The trampoline of the caller frame ``f`` and the stack of its call site alone (a cache
+    miss of :func:`call`): -1 when ``f`` is not a program frame (the general path decides
+    what the call is)."""
     # The fast path's own trampoline (not shared with as_caller's): only the fast path calls
     # it, after a walk that met pprobe's frames only, so a call inside the one it makes, which
     # meets pprobe's frames only up to it, may use it too (_mine: 3).
@@ -614,7 +620,7 @@ def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
     _fast_tramps[id(tramp.__code__)] = tramp
     k = -1 if _is_internal(code) else _site_id(code, f.f_lineno)
     _kept.append(code)
-    e = _at_first[key] = (tramp, k)
+    e = _at_first[key] = (tramp, -1 if k < 0 else _stack_id(-1, k))
     return e
 
 
@@ -624,6 +630,19 @@ def _outer_at(f: Any, key: tuple[int, int]) -> int:
     _kept.append(code)
     _at_outer[key] = k
     return k
+
+
+def _next_at(f: Any, key3: tuple[int, int, int]) -> int:
+    """:data:`_at_next`'s entry for the outer frame ``f`` (a cache miss of :func:`call`)."""
+    key = (key3[1], key3[2])
+    k = _at_outer.get(key)
+    if k is None:
+        k = _outer_at(f, key)
+    t = -1 if k < 0 else _stack_id(key3[0], k)
+    if len(_at_next) > 65536:
+        _at_next.clear()
+    _at_next[key3] = t
+    return t
 
 
 def _rest_miss(key: tuple, x: Any, h: Any) -> bytes | tuple:
@@ -703,7 +722,6 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
         return _call_general(op, fn, args, kwargs, depth)
     if not _fast or not op.selected or op.sampled:
         return _call_general(op, fn, args, kwargs, 0)
-    k: Any
     rest: Any
     x: Any
     # the caller: as_caller's walk (pprobe's frames skipped); its trampoline and site cached
@@ -722,24 +740,22 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     ent = _at_first.get(key)
     if ent is None:
         ent = _first_at(code, f, key)
-    tramp, k = ent
-    if k < 0:  # not the program's frame (a framework's own code, an import): the general path
+    tramp, s = ent
+    if s < 0:  # not the program's frame (a framework's own code, an import): the general path
         return _call_general(op, fn, args, kwargs, 0)
     loc.depth = INTERNAL
     try:
-        # the stack (as _caller): its innermost frame, then the next program frames out
-        s = _stack_ids.get((1 << 32) | k)
-        s = _stack_id(-1, k) if s is None else s - _STACK_OFF
+        # the stack (as _caller): its innermost frame (s: its stack), then the next program
+        # frames out
         n = _stack_depth - 1
         f = f.f_back
         while n > 0 and f is not None:
-            key = (id(f.f_code), f.f_lasti)
-            k = _at_outer.get(key)
-            if k is None:
-                k = _outer_at(f, key)
-            if k >= 0:
-                t = _stack_ids.get(((s + 2) << 32) | k)
-                s = _stack_id(s, k) if t is None else t - _STACK_OFF
+            key3 = (s, id(f.f_code), f.f_lasti)
+            t = _at_next.get(key3)
+            if t is None:
+                t = _next_at(f, key3)
+            if t >= 0:
+                s = t
                 n -= 1
             f = f.f_back
         seq = next(state.seq)
