@@ -583,12 +583,15 @@ _intern_lock = threading.RLock()
 #   the program's. The code objects are kept alive in _kept: an id is never reused;
 # - a NumPy array's desc record past its seq, by (role, idx, shape, dtype).
 # The rows are the general path's, byte for byte (tests/test_pyengine.py compares them).
-#: -> (trampoline, the stack of the call site alone, or -1: not a program frame)
+#: -> (trampoline, the stack of the call site alone + _STACK_OFF, or _NOT_A_FRAME)
 _at_first: dict[tuple[int, int], tuple[Callable, int]] = {}
 _at_outer: dict[tuple[int, int], int] = {}  # -> site, or -1: not a program frame
 #: (stack so far, id(code), f_lasti) of an outer frame -> the stack with that frame's site
-#: added, or -1: not a program frame (the stack stays): one lookup a frame
+#: added, or _NOT_A_FRAME: not a program frame (the stack stays): one lookup a frame. Stack
+#: ids here and in _at_first are + _STACK_OFF: the caches never hold a small int (-5..256)
+#: that a stack id would be (NumPy's tests count their references around a call).
 _at_next: dict[tuple[int, int, int], int] = {}
+_NOT_A_FRAME = -_STACK_OFF
 _fast_tramps: dict[int, Callable] = {}  # id(code) -> the fast path's trampoline running it
 #: (role 0 input / 1 output, idx, shape, dtype) -> desc record past its seq, for NumPy arrays
 #: of a plain dtype (:func:`_rest_miss`)
@@ -609,9 +612,9 @@ def _clear_site_caches() -> None:
 
 
 def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
-    """The trampoline of the caller frame ``f`` and the stack of its call site alone (a cache
-    miss of :func:`call`): -1 when ``f`` is not a program frame (the general path decides
-    what the call is)."""
+    """The trampoline of the caller frame ``f`` and the stack of its call site alone (+
+    _STACK_OFF; a cache miss of :func:`call`): _NOT_A_FRAME when ``f`` is not a program
+    frame (the general path decides what the call is)."""
     # The fast path's own trampoline (not shared with as_caller's): only the fast path calls
     # it, after a walk that met pprobe's frames only, so a call inside the one it makes, which
     # meets pprobe's frames only up to it, may use it too (_mine: 3).
@@ -620,7 +623,7 @@ def _first_at(code: Any, f: Any, key: tuple[int, int]) -> tuple[Callable, int]:
     _fast_tramps[id(tramp.__code__)] = tramp
     k = -1 if _is_internal(code) else _site_id(code, f.f_lineno)
     _kept.append(code)
-    e = _at_first[key] = (tramp, -1 if k < 0 else _stack_id(-1, k))
+    e = _at_first[key] = (tramp, _NOT_A_FRAME if k < 0 else _stack_id(-1, k) + _STACK_OFF)
     return e
 
 
@@ -638,7 +641,7 @@ def _next_at(f: Any, key3: tuple[int, int, int]) -> int:
     k = _at_outer.get(key)
     if k is None:
         k = _outer_at(f, key)
-    t = -1 if k < 0 else _stack_id(key3[0], k)
+    t = _NOT_A_FRAME if k < 0 else _stack_id(key3[0] - _STACK_OFF, k) + _STACK_OFF
     if len(_at_next) > 65536:
         _at_next.clear()
     _at_next[key3] = t
@@ -740,24 +743,25 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     ent = _at_first.get(key)
     if ent is None:
         ent = _first_at(code, f, key)
-    tramp, s = ent
-    if s < 0:  # not the program's frame (a framework's own code, an import): the general path
+    tramp, so = ent
+    if so < 0:  # not the program's frame (a framework's own code, an import): the general path
         return _call_general(op, fn, args, kwargs, 0)
     loc.depth = INTERNAL
     try:
-        # the stack (as _caller): its innermost frame (s: its stack), then the next program
-        # frames out
+        # the stack (as _caller): its innermost frame (so: its stack + _STACK_OFF), then the
+        # next program frames out
         n = _stack_depth - 1
         f = f.f_back
         while n > 0 and f is not None:
-            key3 = (s, id(f.f_code), f.f_lasti)
+            key3 = (so, id(f.f_code), f.f_lasti)
             t = _at_next.get(key3)
             if t is None:
                 t = _next_at(f, key3)
             if t >= 0:
-                s = t
+                so = t
                 n -= 1
             f = f.f_back
+        s = so - _STACK_OFF
         seq = next(state.seq)
         pre = _pack_seq(seq)
         descs: list = []  # desc records, or descriptions for records.encode_descs
