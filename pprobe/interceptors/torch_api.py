@@ -473,24 +473,6 @@ _QUIET_WITH_STATE = frozenset(
 _init_groups: list[tuple[type, Any, Any]] = []  # (optimizer class, its original, the patch)
 
 
-def _init_group_for(orig: Any) -> Any:
-    """An optimizer's ``_init_group`` (``orig``: one that makes no row, see
-    :data:`_QUIET_INIT_GROUPS`) with the api mode off while it gathers the parameters that
-    have gradients: SGD reads ``p.grad`` three times and ``p.grad.is_sparse`` once a
-    parameter each step, 24 passes through the mode on the torch MLP, ~1 us each in torch.
-    With ``fused`` set the mode stays: the fused kernels' check calls
-    ``torch.is_floating_point`` once."""
-
-    @functools.wraps(orig)
-    def _init_group(self: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        if group.__class__ is not dict or group.get("fused"):
-            return orig(self, group, *args, **kwargs)
-        return _mode_off(orig, (self, group, *args), kwargs)
-
-    return _init_group
-
-
 def _states_ready(self: Any, group: Any, *args: Any) -> bool:
     """Whether every parameter of ``group`` that has a gradient has its optimizer state
     (run with the api mode off; reads only: ``self.state`` is a defaultdict, not indexed)."""
@@ -501,13 +483,18 @@ def _states_ready(self: Any, group: Any, *args: Any) -> bool:
     return True
 
 
-def _init_group_with_state(orig: Any) -> Any:
-    """An optimizer's ``_init_group`` (``orig``: one of :data:`_QUIET_WITH_STATE`) with the
-    api mode off once its parameters' state exists (:func:`_states_ready`, checked with the
-    mode off at each call); before that (the first step, a parameter's first gradient), with
-    the mode on: the state's tensors are rows. The mode stays on for ``fused`` (a check that
-    calls torch functions at the state's creation), ``capturable`` and ``differentiable``
-    groups."""
+def _init_group_for(orig: Any, ready: Any = None) -> Any:
+    """An optimizer's ``_init_group`` (``orig``) with the api mode off while it gathers the
+    parameters that have gradients: SGD reads ``p.grad`` three times and ``p.grad.is_sparse``
+    once a parameter each step, 24 passes through the mode on the torch MLP, ~1 us each in
+    torch. With ``fused`` set the mode stays: the fused kernels' check calls
+    ``torch.is_floating_point``.
+
+    ``orig`` makes no row (:data:`_QUIET_INIT_GROUPS`), or, with ``ready``
+    (:func:`_states_ready`: one of :data:`_QUIET_WITH_STATE`), none once its parameters'
+    state exists: ``ready`` is checked with the mode off at each call, and before that (the
+    first step, a parameter's first gradient) the mode stays on, as the state's tensors are
+    rows; so it does for ``capturable`` and ``differentiable`` groups."""
 
     @functools.wraps(orig)
     def _init_group(self: Any, group: Any, *args: Any, **kwargs: Any) -> Any:
@@ -515,11 +502,10 @@ def _init_group_with_state(orig: Any) -> Any:
         if (
             group.__class__ is not dict
             or group.get("fused")
-            or group.get("capturable")
-            or group.get("differentiable")
+            or (ready is not None and (group.get("capturable") or group.get("differentiable")))
         ):
             return orig(self, group, *args, **kwargs)
-        return _mode_off(orig, (self, group, *args), kwargs, _states_ready)
+        return _mode_off(orig, (self, group, *args), kwargs, ready)
 
     return _init_group
 
@@ -530,11 +516,6 @@ def _init_group_digest(code: CodeType) -> str:
 
     data = code.co_code + repr(code.co_names).encode() + repr(code.co_consts).encode()
     return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def _quiet_init_group(code: Any) -> bool:
-    """Whether an ``_init_group``'s code is one known to make no row."""
-    return isinstance(code, CodeType) and _init_group_digest(code) in _QUIET_INIT_GROUPS
 
 
 def _patch_init_groups(on: bool) -> None:
@@ -550,7 +531,7 @@ def _patch_init_groups(on: bool) -> None:
             if digest in _QUIET_INIT_GROUPS:
                 patch = _init_group_for(orig)
             elif digest in _QUIET_WITH_STATE:
-                patch = _init_group_with_state(orig)
+                patch = _init_group_for(orig, _states_ready)
             else:
                 continue
             cls._init_group = patch  # type: ignore[attr-defined]
