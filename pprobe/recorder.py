@@ -704,7 +704,7 @@ _IDX = values._IDX
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run ``fn(*args, **kwargs)``, recording it as a call of ``op`` when it is captured."""
     __tracebackhide__ = True  # pytest and IPython leave pprobe's frames out of tracebacks
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     depth = loc.depth
     f: Any
     if depth:
@@ -870,7 +870,7 @@ def _fast_row(
     """The row of :func:`call`'s fast path, in general: the outputs of ``result`` (unless
     ``error``, the name of the exception the call raised), arguments that are not arrays,
     descriptions still to encode. Never raises; leaves the thread's depth at 0."""
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     loc.depth = INTERNAL
     try:
         rest: Any
@@ -925,7 +925,7 @@ def _call_general(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -
 def hidden(fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run a call that is not recorded, and hide the calls it makes (they are its insides)."""
     __tracebackhide__ = True
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     depth = loc.depth
     loc.depth = depth + 1
     try:
@@ -945,7 +945,7 @@ def _record(op: Op, fn: Callable, args: tuple, kwargs: dict, depth: int) -> Any:
         return as_caller(fn)(fn, args, kwargs)
     # The user's function runs outside pprobe's try blocks: its exceptions are its own, and
     # it runs exactly once (a failing call used to be reported as pprobe's and run again).
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     loc.depth = depth + 1
     calling = as_caller(fn)
     t0 = perf_counter_ns()
@@ -968,7 +968,7 @@ def _begin(op: Op, args: tuple, kwargs: dict, depth: int) -> Any:
     """Before a call: the call site, the inputs' descriptions (statistics, dumps of the values
     at call time). Returns the call's state (a tuple), or _NOT_A_ROW (run it hidden),
     _NOT_SELECTED or None (run it plainly). Never raises."""
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     loc.depth = INTERNAL
     try:
         # The caller is found before the seq and the inputs' dumps: a call that is not a row
@@ -1015,7 +1015,7 @@ def _end(
     exception the call raised. Never raises; returns the exception the call must raise
     instead of returning (``PPROBE_ON_NAN=raise``), else None."""
     seq, code, ins, others, had_arrays, prefix, parent = st
-    loc = _local
+    loc = _local.t  # this thread's fields (state.Thread, or the core's)
     if _parents:
         loc.parent = parent
     if error is None and result is NotImplemented:  # an operator deferring: not an op

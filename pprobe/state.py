@@ -20,21 +20,59 @@ thread_names: dict[int, str] = {}
 _serials = itertools.count(1)
 
 
+class Thread:
+    """The Python engine's per-thread fields, in one plain object: the hot path fetches it once
+    (``local.t``, one threading.local lookup) and reads and writes its slots, each several
+    times cheaper than an attribute of a threading.local."""
+
+    __slots__ = ("depth", "parent", "module", "phase", "mstack", "serial")
+
+    def __init__(self, serial: int) -> None:
+        self.depth = 0  # number of recorded calls this thread is inside
+        self.parent = -1  # seq of the innermost recorded call, -1 at top level
+        self.module: Any = None  # innermost nn.Module path (set by the torch interceptor)
+        self.phase: Any = None  # forward / backward / optimizer where a hook tells; None: default
+        self.mstack: Any = None  # torch: running nn.Modules, linked (path, module, rest, ...)
+        self.serial = serial  # this thread's number in rows (thread_names)
+
+
+def _forward(name: str) -> property:
+    def get(self: Any) -> Any:
+        return getattr(self.t, name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(self.t, name, value)
+
+    return property(get, put)
+
+
 class _Local(threading.local):
+    """This thread's fields: ``depth``, ``parent``, ``module``, ``phase``, ``mstack`` and
+    ``serial``. ``t`` is the object that holds them, for code that reads several (the
+    recorder's hot path): with the Python engine a :class:`Thread`; with the native core
+    this local itself, whose ``depth``, ``parent``, ``module`` and ``phase`` are the core's
+    C thread-locals."""
+
     # Class attributes are the defaults every new thread sees (threading.local semantics).
-    depth = 0  # number of recorded calls this thread is inside
-    parent = -1  # seq of the innermost recorded call, -1 at top level
-    module = None  # innermost nn.Module path (set by the torch interceptor)
-    phase = None  # forward / backward / optimizer where a hook tells; None: recorder default
-    mstack = None  # torch: running nn.Modules, linked (path, module, rest, row, saved phase, nodes)
-    serial = 0  # this thread's number in rows (thread_names)
+    depth = 0
+    parent = -1
+    module = None
+    phase = None
+    mstack = None
+    serial = 0
+    t: Any
 
     def __init__(self) -> None:
         # threading.local runs __init__ once per thread, on the thread's first use of it
-        # (the hot path's first read of ``depth``): no per-call cost. The name is the one the
-        # thread has when it first records.
-        self.serial = s = next(_serials)
+        # (the hot path's first read): no per-call cost. The name is the one the thread has
+        # when it first records.
+        s = next(_serials)
         thread_names[s] = threading.current_thread().name
+        if _native is None:
+            self.t = Thread(s)
+        else:
+            self.t = self
+            self.serial = s
 
 
 _native = core.native
@@ -45,6 +83,9 @@ if _native is not None:
     _Local.parent = _native.ThreadField(1)  # type: ignore[assignment]
     _Local.module = _native.ThreadField(2)  # type: ignore[assignment]
     _Local.phase = _native.ThreadField(3)  # type: ignore[assignment]
+else:
+    for _name in Thread.__slots__:
+        setattr(_Local, _name, _forward(_name))
 
 local = _Local()
 #: next(seq) is atomic under the GIL: threads never share a seq

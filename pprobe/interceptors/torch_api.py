@@ -225,7 +225,7 @@ def _py_torch_function(self: Any, func: Any, types: Any, args: Any = (), kwargs:
         op = _api_op(func)
     if op is _SKIP_OP:
         return _as_caller(func)(func, args, kwargs)
-    loc = _local
+    loc = _local.t
     phase = loc.phase
     if _task_id() != -1:  # the autograd engine runs it; else the phase hooks set
         loc.phase = "backward"
@@ -264,7 +264,7 @@ class AtenMode(TorchDispatchMode):
         op = _aten_ops.get(func)
         if op is None:
             op = _aten_op(func)
-        loc = _local
+        loc = _local.t
         depth = loc.depth
         if op is _SKIP_OP or depth >= INTERNAL or not op.selected:
             return _as_caller(func)(func, args, kwargs)

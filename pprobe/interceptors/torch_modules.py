@@ -233,7 +233,7 @@ def _pre(module: Any, args: Any) -> None:
     if _is_compiling():  # traced by dynamo as a no-op; compiled code has no module rows
         return None
     try:
-        loc = _local
+        loc = _local.t
         e = _paths.get(id(module))
         if e is not None and e[1]() is module:
             path = e[0]
@@ -261,7 +261,7 @@ def _post(module: Any, args: Any, result: Any) -> None:
         return None
     try:
         t1 = perf_counter_ns()
-        loc = _local
+        loc = _local.t
         st = loc.mstack
         if st is None:
             return None
@@ -453,7 +453,7 @@ def _grad_hook(path: str, name: str) -> Any:
     def hook(p: Any) -> None:
         if not _on or not recorder._active or _is_compiling():
             return
-        loc = _local
+        loc = _local.t
         depth = loc.depth
         if depth >= INTERNAL:
             return
