@@ -52,7 +52,12 @@ def pth_line(package_root: str) -> str:
         "  else:\n"
         "    start()\n"
     )
-    return f"import sys; exec({code!r}, {{}})\n"
+    # The guard in front decides, without compiling the code, that there is nothing to do:
+    # what every other Python process of the environment pays (a few microseconds).
+    return (
+        f"import os, sys; exec({code!r}, {{}}) if os.environ.get('PPROBE', '').strip() or "
+        "os.environ.get('PPROBE_CONFIG') or os.path.isfile('pprobe.toml') else None\n"
+    )
 
 
 def site_dir() -> str:

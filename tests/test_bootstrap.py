@@ -240,6 +240,26 @@ def test_site_pth_install_dormant_active_kill_switch_uninstall(tmp_path: Path) -
         [str(py), str(script)], tmp_path, probe=False, output=tmp_path / "o3", env={"PPROBE": "0"}
     ).check()
     assert not killed.output.exists() and killed.out == plain.out
+    blank = run(
+        [str(py), str(script)], tmp_path, probe=False, output=tmp_path / "o5", env={"PPROBE": " "}
+    ).check()
+    assert not blank.output.exists() and blank.out == plain.out
+
+    # With PPROBE unset, a config file asks for the probe (``enabled = true``): ./pprobe.toml,
+    # or PPROBE_CONFIG's.
+    cfg = write(tmp_path / "cfg" / "pprobe.toml", 'enabled = true\nmode = "log"\n')
+    by_file = run(
+        [str(py), str(script)], tmp_path, probe=False, output=tmp_path / "o6", cwd=cfg.parent
+    ).check()
+    assert by_file.out == active.out and op_names(by_file.run_dir) == ["numpy.ones", "numpy.add"]
+    by_env = run(
+        [str(py), str(script)],
+        tmp_path,
+        probe=False,
+        output=tmp_path / "o7",
+        env={"PPROBE_CONFIG": str(cfg)},
+    ).check()
+    assert by_env.out == active.out and op_names(by_env.run_dir) == ["numpy.ones", "numpy.add"]
 
     r = run([str(py), "-m", "pprobe", "uninstall", "--site"], tmp_path, probe=False, env=cli)
     r.check()
