@@ -561,6 +561,70 @@ def _make_venv(root: str, name: str, pth: bool) -> str:
     return py
 
 
+#: What an import leaves behind that a start-up hook could change: the modules loaded, the
+#: import system's hooks, the trace and profile functions (printed as JSON by the child).
+_FOOTPRINT = (
+    "import json, sys\n{code}\n"
+    "def name(o):\n"
+    "    t = o if isinstance(o, type) else type(o)\n"
+    "    return t.__module__ + '.' + t.__qualname__\n"
+    "print(json.dumps({{'modules': sorted(sys.modules), "
+    "'meta_path': [name(o) for o in sys.meta_path], "
+    "'path_hooks': [getattr(h, '__qualname__', repr(h)) for h in sys.path_hooks], "
+    "'trace': repr(sys.gettrace()), 'profile': repr(sys.getprofile())}}))\n"
+)
+
+
+def _footprint(py: str, code: str, env: dict[str, str], cwd: str) -> dict[str, Any] | str:
+    """The state ``python -c code`` leaves (:data:`_FOOTPRINT`), or the child's error."""
+    r = subprocess.run(
+        [py, "-c", _FOOTPRINT.format(code=code)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if r.returncode != 0:
+        return (r.stderr.strip() or f"exit {r.returncode}")[-300:]
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _untouched(plain: dict[str, Any] | str, pth: dict[str, Any] | str) -> tuple[bool, str]:
+    """Whether the .pth venv's import left exactly what the plain venv's did, and why not."""
+    if isinstance(plain, str) or isinstance(pth, str):
+        return False, f"footprint not read: {plain if isinstance(plain, str) else pth}"
+    extra = sorted(set(pth["modules"]) - set(plain["modules"]))
+    if extra:
+        return False, "modules only with the .pth: " + ", ".join(extra[:8])
+    diff = [
+        k for k in ("modules", "meta_path", "path_hooks", "trace", "profile") if pth[k] != plain[k]
+    ]
+    if diff:
+        return False, "differs: " + ", ".join(diff)
+    return True, ""
+
+
+def _pth_line_us(pth_line: str, root: str) -> float:
+    """CPU microseconds of the .pth line itself, run in this process as site runs it, with
+    PPROBE and PPROBE_CONFIG unset and no pprobe.toml in the working folder (best of 5 x 200)."""
+    saved = {k: os.environ.pop(k) for k in ("PPROBE", "PPROBE_CONFIG") if k in os.environ}
+    here = os.getcwd()
+    code = compile(pth_line, "pprobe-auto.pth", "exec")
+    try:
+        os.chdir(root)
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.process_time()
+            for _ in range(200):
+                exec(code, {})
+            best = min(best, (time.process_time() - t0) / 200)
+        return best * 1e6
+    finally:
+        os.chdir(here)
+        os.environ.update(saved)
+
+
 def startup(plan: Plan, log: Log) -> Section:
     what = "CPU (user+sys)" if plan.clock == "cpu" else "wall"
     sec = Section(
@@ -609,10 +673,34 @@ def startup(plan: Plan, log: Log) -> Section:
             ("numpy", "import numpy", plan.startup_reps_numpy),
             ("torch", "import torch", plan.startup_reps_torch),
         )
+        from pprobe import siteinstall
+
+        line_us = _pth_line_us(siteinstall.pth_line(REPO), root)
+        sec.figures["pth_line_us"] = line_us
+        sec.notes.append(
+            f".pth line with PPROBE unset, run in-process as site runs it: {line_us:.1f} us of "
+            "CPU (it reads PPROBE and PPROBE_CONFIG and looks for ./pprobe.toml)"
+        )
         for mod, code, reps in programs:
             if not reps:
                 sec.notes.append(f"import {mod}: not measured in this plan (--quick)")
                 continue
+            # What the import leaves behind, without and with the .pth (PPROBE unset): the
+            # same modules, import hooks and trace/profile functions mean the .pth changed
+            # nothing the import does, whatever the timing's noise says.
+            same, why = _untouched(
+                _footprint(venv_plain, code, env, root), _footprint(venv_pth, code, env, root)
+            )
+            fp = sec.figures.setdefault(mod, {"ms": {}, "delta_ms": {}})
+            fp["pth_untouched"] = same
+            sec.notes.append(
+                f"python -c '{code}', .pth installed and PPROBE unset: "
+                + (
+                    "the same modules, import hooks and trace/profile functions as without it"
+                    if same
+                    else why
+                )
+            )
             times: dict[str, list[float]] = {v[0]: [] for v in variants}
             walls: dict[str, list[float]] = {v[0]: [] for v in variants}
             errors: dict[str, str] = {}
@@ -626,7 +714,8 @@ def startup(plan: Plan, log: Log) -> Section:
                         times[name].append((cpu if plan.clock == "cpu" else wall) * 1000)
                         walls[name].append(wall * 1000)
                     shutil.rmtree(out_dir, ignore_errors=True)
-            fig = sec.figures.setdefault(mod, {"ms": {}, "delta_ms": {}, "samples_ms": times})
+            fig = sec.figures.setdefault(mod, {"ms": {}, "delta_ms": {}})
+            fig["samples_ms"] = times
             fig["wall_samples_ms"] = walls
             for name, _py, _e in variants:
                 if name in errors:

@@ -225,3 +225,43 @@ def test_the_direct_disk_variant_writes_whole_blocks_with_o_direct(tmp_path: Pat
     total = 2 * 3 * (10_000 + 128)
     assert o.data["bytes"] == total - total % 4096 == (tmp_path / "big.bin").stat().st_size
     assert o.data["files"] == 1 and o.data["loop_s"] > 0
+
+
+def test_an_import_with_the_pth_off_is_compared_by_what_it_leaves(tmp_path: Path) -> None:
+    """The start-up section reads what ``import X`` leaves (modules, import hooks, trace and
+    profile functions) without and with the .pth: the same with PPROBE unset, not the same
+    when the .pth starts the probe. A noisy timing whose interval reaches below the limit is
+    then "met by construction"; with a footprint that differs it stays "missed"."""
+    plain = suites._make_venv(str(tmp_path), "plain", pth=False)
+    pth = suites._make_venv(str(tmp_path), "pth", pth=True)
+    env = harness.base_env()
+    code = "import numpy"
+    off = suites._untouched(
+        suites._footprint(plain, code, env, str(tmp_path)),
+        suites._footprint(pth, code, env, str(tmp_path)),
+    )
+    assert off == (True, "")
+    on_env = {**env, "PPROBE": "1", "PPROBE_OUTPUT": str(tmp_path / "out")}
+    same, why = suites._untouched(
+        suites._footprint(plain, code, env, str(tmp_path)),
+        suites._footprint(pth, code, on_env, str(tmp_path)),
+    )
+    assert not same and why.startswith("modules only with the .pth: "), why
+    assert "failed" in suites._untouched("failed: exit 1", {})[1]
+    from pprobe import siteinstall
+
+    assert 0 < suites._pth_line_us(siteinstall.pth_line(str(tmp_path)), str(tmp_path)) < 1e4
+
+    def judged(delta: float, ci: list[float], untouched: bool) -> dict[str, str]:
+        sec = suites.Section("startup", "5. start-up")
+        sec.figures["torch"] = {
+            "delta_ms": {"venv, .pth installed, PPROBE unset": delta},
+            "delta_ci95_ms": {"venv, .pth installed, PPROBE unset": ci},
+            "pth_untouched": untouched,
+        }
+        return next(t for t in targets.judge({"startup": sec}) if "import torch" in t["target"])
+
+    assert judged(15.4, [-86.9, 96.1], True)["status"].startswith("met by construction")
+    assert judged(15.4, [-86.9, 96.1], False)["status"] == "missed"
+    assert judged(15.4, [9.0, 20.0], True)["status"] == "missed"  # the interval is all above
+    assert judged(1.0, [-3.0, 4.0], True)["status"] == "met"
