@@ -548,16 +548,97 @@ def test_adam_and_rmsprop_init_group_without_the_mode_once_their_state_exists(
     assert "torch.optim.rmsprop.RMSprop._init_group" in off
 
 
+INIT_GROUP_MORE = (
+    OPT_PRELUDE
+    + """
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+flat = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 2, bias=False))
+O = torch.optim
+makers = {
+    "adagrad": (net, lambda ps: O.Adagrad(ps, lr=0.01)),
+    "nadam": (net, lambda ps: O.NAdam(ps, lr=0.01)),
+    "radam": (net, lambda ps: O.RAdam(ps, lr=0.01)),
+    "adamax": (net, lambda ps: O.Adamax(ps, lr=0.01)),
+    "adadelta": (net, lambda ps: O.Adadelta(ps)),
+    "asgd": (net, lambda ps: O.ASGD(ps, lr=0.01)),
+    "rprop": (net, lambda ps: O.Rprop(ps, lr=0.01)),
+    "muon": (flat, lambda ps: O.Muon(ps, lr=0.01)),  # (2-D parameters only)
+}
+for name, (model, make) in makers.items():
+    opt = make(list(model.parameters()))
+    opt.param_groups[0]["params"].append(Param())
+    Param.seen = []
+    for mine in (False, False, True, False, True):  # (the first step makes the state)
+        opt.zero_grad()
+        model(torch.ones(5, 4)).pow(2).sum().backward()
+        with PassThrough() if mine else contextlib.nullcontext():
+            opt.step()
+    print(name, Param.seen)
+with torch.no_grad():
+    print(torch._C._len_torch_function_stack(), float(net(torch.ones(1, 4)).sum()),
+          float(flat(torch.ones(1, 4)).sum()))
+"""
+)
+
+
+def test_more_optimizers_init_group_without_the_mode_once_their_state_exists(
+    tmp_path: Path,
+) -> None:
+    """Adagrad's, NAdam's, RAdam's, Adamax's, Adadelta's, ASGD's, Rprop's and Muon's
+    ``_init_group`` run with the api mode off once every parameter with a gradient has its
+    state, as Adam's: the mode stays for the step that makes the state (rows), Adagrad's
+    constructor makes it (its first step is quiet too), and a program's mode above pprobe's
+    keeps it. The rows of the steps after the first are the same, and so are the weights."""
+    bare = run_script(tmp_path / "a", INIT_GROUP_MORE, probe=False).check()
+    r = run_script(tmp_path / "b", INIT_GROUP_MORE, env={"PPROBE_MODE": "log"}).check()
+    seen = dict(line.split(" ", 1) for line in r.out.splitlines())
+    last = r.out.splitlines()[-1].split(" ")
+    assert last == ["1", *bare.out.splitlines()[-1].split(" ")[1:]]
+    # each step: zero_grad's read (mode off), [the check's read, then] _init_group's
+    lazy = [0, 1] + [0, 0, 0] + [0, 2] + [0, 0, 0] + [0, 2]
+    eager = [0, 0, 0] + [0, 0, 0] + [0, 2] + [0, 0, 0] + [0, 2]
+    names = ["adagrad", "nadam", "radam", "adamax", "adadelta", "asgd", "rprop", "muon"]
+    for name in names:
+        assert seen[name] == str(eager if name == "adagrad" else lazy), (name, seen[name])
+    for line in bare.out.splitlines()[:-1]:
+        assert line.split(" ", 1)[1] == str([0, 0, 0, 0, 0, 1, 0, 0, 0, 1])
+    rows = sql(r.run_dir, "SELECT step, op FROM ops WHERE phase = 'optimizer' ORDER BY seq")
+    by_step: dict[int, list[str]] = {}
+    for x in rows:
+        by_step.setdefault(x["step"], []).append(x["op"])
+    ops = [by_step[s] for s in sorted(by_step)]
+    assert len(ops) == 5 * len(names), by_step
+    for k, name in zip(range(0, len(ops), 5), names):
+        first = ops[k]
+        makes = [o for o in first if o in ("torch.zeros_like", "torch.full_like")]
+        assert bool(makes) == (name != "adagrad"), (name, first)
+        assert ops[k + 1] == ops[k + 2] == ops[k + 3] == ops[k + 4] and ops[k + 1], name
+        assert not {"torch.zeros_like", "torch.full_like"} & set(ops[k + 1]), (name, ops[k + 1])
+    off = meta(r.run_dir)["coverage"]["frameworks"]["torch"]["torch"]["mode_off"]
+    for cls in ("adagrad.Adagrad", "nadam.NAdam", "radam.RAdam", "adamax.Adamax"):
+        assert f"torch.optim.{cls}._init_group" in off, off
+    for cls in ("adadelta.Adadelta", "asgd.ASGD", "rprop.Rprop", "Muon"):
+        assert f"torch.optim.{cls}._init_group" in off, off
+
+
 def test_init_groups_quiet_once_their_state_exists_are_known_by_their_code() -> None:
-    """Adam's and RMSprop's ``_init_group`` (this torch) are the ones run with the mode off
-    once their state exists; SGD's is quiet from the start; a tweaked copy is neither."""
+    """The ``_init_group`` methods of this torch's optimizers that make rows only for their
+    state (Adam, RMSprop, Adagrad, NAdam, RAdam, Adamax, Adadelta, ASGD, Rprop, Muon) are the
+    ones run with the mode off once their state exists; SGD's is quiet from the start; a
+    tweaked copy is neither."""
     from pprobe.interceptors import torch_api
 
     def digest(f: Any) -> str:
         return torch_api._init_group_digest(f.__code__)
 
-    assert digest(torch.optim.Adam._init_group) in torch_api._QUIET_WITH_STATE
-    assert digest(torch.optim.RMSprop._init_group) in torch_api._QUIET_WITH_STATE
-    assert digest(torch.optim.SGD._init_group) not in torch_api._QUIET_WITH_STATE
-    for cls in (torch.optim.Adagrad, torch.optim.NAdam, torch.optim.RAdam):
-        assert digest(cls._init_group) not in torch_api._QUIET_WITH_STATE
+    opt = torch.optim
+    for name in ("Adam", "RMSprop", "Adagrad", "NAdam", "RAdam", "Adamax", "Adadelta", "ASGD"):
+        assert digest(getattr(opt, name)._init_group) in torch_api._QUIET_WITH_STATE, name
+    for cls in (opt.Rprop, opt.Muon):
+        assert digest(cls._init_group) in torch_api._QUIET_WITH_STATE, cls
+    assert digest(opt.SGD._init_group) not in torch_api._QUIET_WITH_STATE
+    assert digest(opt.SGD._init_group) in torch_api._QUIET_INIT_GROUPS
+    code = opt.Adam._init_group.__code__
+    tweaked = torch_api._init_group_digest(code.replace(co_names=(*code.co_names, "extra")))
+    assert tweaked not in torch_api._QUIET_WITH_STATE | torch_api._QUIET_INIT_GROUPS

@@ -463,12 +463,25 @@ _QUIET_INIT_GROUPS = frozenset({"4f37e3b65b7e88390e98f788256b63c2"})
 #: The ``_init_group`` methods that make rows only while a parameter with a gradient has no
 #: state yet (its lazy initialisation: ``torch.zeros``, ``torch.zeros_like``): run with the
 #: api mode off once every such parameter has its state (:func:`_states_ready`), by their
-#: code: Adam's (AdamW's is Adam's) and RMSprop's of torch 2.13 on CPython 3.11. Past the
-#: first step they read each parameter's ``grad`` three times and ``is_sparse`` once, call
+#: code, those of torch 2.13 on CPython 3.11: Adam's (AdamW's is Adam's), RMSprop's,
+#: Adagrad's, NAdam's, RAdam's, Adamax's, Adadelta's, ASGD's, Rprop's and Muon's. Past the
+#: first step they read each parameter's ``grad`` (Adam: three times) and ``is_sparse``, call
 #: ``torch.is_complex`` (no row) and look up the state's tensors: 30 passes through the mode
-#: a step on the torch MLP.
+#: a step on the torch MLP with Adam. (Adagrad makes its state in its constructor: its first
+#: step is quiet too.)
 _QUIET_WITH_STATE = frozenset(
-    {"a6a6d12cda2bcbedbf2a883ba510c5fe", "4d3c15b3eddbf2887ea3d2a5a3fdef1b"}
+    {
+        "a6a6d12cda2bcbedbf2a883ba510c5fe",  # Adam
+        "4d3c15b3eddbf2887ea3d2a5a3fdef1b",  # RMSprop
+        "53664e643e340afea3f2b54005723c42",  # Adagrad
+        "9ccb9aa7a3a8efb019d3c644a7d79c68",  # NAdam
+        "070eb81f5a11677680395dc089095bc9",  # RAdam
+        "c4f2141bd6e9fa9ba546a37417e8fec7",  # Adamax
+        "20b988ac8a53c3e8250b2ffad279cc9e",  # Adadelta
+        "c2365d9429de96c953bc8cbba2327c19",  # ASGD
+        "b60f02bb85f080df3582400d1f4c05b3",  # Rprop
+        "40695c8959457131a54febdc033a3bca",  # Muon
+    }
 )
 _init_groups: list[tuple[type, Any, Any]] = []  # (optimizer class, its original, the patch)
 
