@@ -699,6 +699,7 @@ _sid = records.sid
 _sid_get = records._ids.get
 _S_OK = records.S_OK
 _IDX = values._IDX
+_I0, _I1 = _IDX[0], _IDX[1]
 
 
 def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -764,39 +765,59 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
         s = so - _STACK_OFF
         seq = next(state.seq)
         pre = _pack_seq(seq)
-        descs: list = []  # desc records, or descriptions for records.encode_descs
-        arrays: Any
-        others: Any
-        if not kwargs and len(args) < 64:  # NumPy arrays only (values.collect's rows)
-            for i, x in enumerate(args):
-                if x.__class__ not in plain_types:
-                    break
-                key2 = (0, _IDX[i], x.shape, x.dtype)
-                rest = _rests_get(key2)
-                if rest is None:
-                    rest = _rest_miss(key2, x, None)
-                    if rest.__class__ is not bytes:
-                        break
-                descs.append(pre + rest)
-            else:
-                arrays = others = ()
-        if len(descs) != len(args) or kwargs:
+        descs: Any = None  # desc records, or descriptions for records.encode_descs
+        plain = True
+        if not kwargs:  # one or two NumPy arrays whose records are cached (unary, binary ops)
+            na = len(args)
+            if na == 2:
+                x, y = args
+                if x.__class__ in plain_types and y.__class__ in plain_types:
+                    rest = _rests_get((0, _I0, x.shape, x.dtype))
+                    r1 = _rests_get((0, _I1, y.shape, y.dtype))
+                    if rest is not None and r1 is not None:
+                        descs = [pre + rest, pre + r1]
+            elif na == 1:
+                x = args[0]
+                if x.__class__ in plain_types:
+                    rest = _rests_get((0, _I0, x.shape, x.dtype))
+                    if rest is not None:
+                        descs = [pre + rest]
+        if descs is None:
             descs = []
-            arrays, others = _collect(args, kwargs)
-        plain = not others
-        for idx, x, h in arrays:
-            if x.__class__ in plain_types:
-                key2 = (0, idx, x.shape, x.dtype)
-                rest = _rests_get(key2)
-                if rest is None:
-                    rest = _rest_miss(key2, x, h)
-            else:
-                rest = h.light("input", idx, x)
-            if rest.__class__ is bytes:
-                descs.append(pre + rest)
-            else:
-                descs.append(rest)
-                plain = False
+            arrays: Any
+            others: Any
+            if not kwargs and len(args) < 64:  # NumPy arrays only (values.collect's rows)
+                for i, x in enumerate(args):
+                    if x.__class__ not in plain_types:
+                        break
+                    key2 = (0, _IDX[i], x.shape, x.dtype)
+                    rest = _rests_get(key2)
+                    if rest is None:
+                        rest = _rest_miss(key2, x, None)
+                        if rest.__class__ is not bytes:
+                            break
+                    descs.append(pre + rest)
+                else:
+                    arrays = others = ()
+            if len(descs) != len(args) or kwargs:
+                descs = []
+                arrays, others = _collect(args, kwargs)
+            plain = not others
+            for idx, x, h in arrays:
+                if x.__class__ in plain_types:
+                    key2 = (0, idx, x.shape, x.dtype)
+                    rest = _rests_get(key2)
+                    if rest is None:
+                        rest = _rest_miss(key2, x, h)
+                else:
+                    rest = h.light("input", idx, x)
+                if rest.__class__ is bytes:
+                    descs.append(pre + rest)
+                else:
+                    descs.append(rest)
+                    plain = False
+        else:
+            others = ()
     except Exception as e:  # pprobe's own failure: never the user's problem
         loc.depth = 0
         _report.internal_error("recording inputs", e)
