@@ -483,30 +483,51 @@ def test_only_known_init_groups_run_without_the_mode() -> None:
     assert not quiet(_init_group.__code__)
 
 
-INIT_GROUP_STATE = (
+#: Five steps of each optimizer made by ``makers`` (name -> (model, make)), one more
+#: parameter (Param) appended to its group; each prints what its parameter's ``grad`` reads
+#: saw of the mode stack, and at the end the stack's depth and the models' outputs.
+OPT_STEPS = (
     OPT_PRELUDE
     + """
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
-makers = {
-    "adam": lambda ps: torch.optim.Adam(ps, lr=0.01),
-    "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.01, amsgrad=True),
-    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=0.01, momentum=0.9, centered=True),
-    "adam-fused": lambda ps: torch.optim.Adam(ps, lr=0.01, fused=True),
-}
-for name, make in makers.items():
-    opt = make(list(net.parameters()))
+flat = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 2, bias=False))
+O = torch.optim
+makers = MAKERS
+for name, (model, make) in makers.items():
+    opt = make(list(model.parameters()))
     opt.param_groups[0]["params"].append(Param())
     Param.seen = []
     for mine in (False, False, True, False, True):  # (the first step makes the state)
         opt.zero_grad()
-        net(torch.ones(5, 4)).pow(2).sum().backward()
+        model(torch.ones(5, 4)).pow(2).sum().backward()
         with PassThrough() if mine else contextlib.nullcontext():
             opt.step()
     print(name, Param.seen)
-print(torch._C._len_torch_function_stack(), float(net(torch.ones(1, 4)).sum()))
+with torch.no_grad():
+    print(torch._C._len_torch_function_stack(), float(net(torch.ones(1, 4)).sum()),
+          float(flat(torch.ones(1, 4)).sum()))
 """
 )
+
+INIT_GROUP_STATE = OPT_STEPS.replace(
+    "MAKERS",
+    """{
+    "adam": (net, lambda ps: O.Adam(ps, lr=0.01)),
+    "adamw": (net, lambda ps: O.AdamW(ps, lr=0.01, amsgrad=True)),
+    "rmsprop": (net, lambda ps: O.RMSprop(ps, lr=0.01, momentum=0.9, centered=True)),
+    "adam-fused": (net, lambda ps: O.Adam(ps, lr=0.01, fused=True)),
+}""",
+)
+
+
+def _optimizer_ops_by_step(run_dir: Path) -> list[list[str]]:
+    """The ops of each step's optimizer phase, step by step."""
+    rows = sql(run_dir, "SELECT step, op FROM ops WHERE phase = 'optimizer' ORDER BY seq")
+    by_step: dict[int, list[str]] = {}
+    for x in rows:
+        by_step.setdefault(x["step"], []).append(x["op"])
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def test_adam_and_rmsprop_init_group_without_the_mode_once_their_state_exists(
@@ -533,12 +554,8 @@ def test_adam_and_rmsprop_init_group_without_the_mode_once_their_state_exists(
     }
     for line in bare.out.splitlines()[:-1]:
         assert line.split(" ", 1)[1] == str([0, 0, 0, 0, 0, 1, 0, 0, 0, 1])
-    rows = sql(r.run_dir, "SELECT step, op FROM ops WHERE phase = 'optimizer' ORDER BY seq")
-    by_step: dict[int, list[str]] = {}
-    for x in rows:
-        by_step.setdefault(x["step"], []).append(x["op"])
-    ops = [by_step[s] for s in sorted(by_step)]
-    assert len(ops) == 20, by_step
+    ops = _optimizer_ops_by_step(r.run_dir)
+    assert len(ops) == 20, ops
     for k in range(0, 20, 5):  # per optimizer: its first step makes the state (rows)
         assert "torch.zeros_like" in ops[k], (k, ops[k])
         assert ops[k + 1] == ops[k + 2] == ops[k + 3] == ops[k + 4] and ops[k + 1], k
@@ -548,14 +565,9 @@ def test_adam_and_rmsprop_init_group_without_the_mode_once_their_state_exists(
     assert "torch.optim.rmsprop.RMSprop._init_group" in off
 
 
-INIT_GROUP_MORE = (
-    OPT_PRELUDE
-    + """
-torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
-flat = nn.Sequential(nn.Linear(4, 3, bias=False), nn.Tanh(), nn.Linear(3, 2, bias=False))
-O = torch.optim
-makers = {
+INIT_GROUP_MORE = OPT_STEPS.replace(
+    "MAKERS",
+    """{
     "adagrad": (net, lambda ps: O.Adagrad(ps, lr=0.01)),
     "nadam": (net, lambda ps: O.NAdam(ps, lr=0.01)),
     "radam": (net, lambda ps: O.RAdam(ps, lr=0.01)),
@@ -564,21 +576,7 @@ makers = {
     "asgd": (net, lambda ps: O.ASGD(ps, lr=0.01)),
     "rprop": (net, lambda ps: O.Rprop(ps, lr=0.01)),
     "muon": (flat, lambda ps: O.Muon(ps, lr=0.01)),  # (2-D parameters only)
-}
-for name, (model, make) in makers.items():
-    opt = make(list(model.parameters()))
-    opt.param_groups[0]["params"].append(Param())
-    Param.seen = []
-    for mine in (False, False, True, False, True):  # (the first step makes the state)
-        opt.zero_grad()
-        model(torch.ones(5, 4)).pow(2).sum().backward()
-        with PassThrough() if mine else contextlib.nullcontext():
-            opt.step()
-    print(name, Param.seen)
-with torch.no_grad():
-    print(torch._C._len_torch_function_stack(), float(net(torch.ones(1, 4)).sum()),
-          float(flat(torch.ones(1, 4)).sum()))
-"""
+}""",
 )
 
 
@@ -603,12 +601,8 @@ def test_more_optimizers_init_group_without_the_mode_once_their_state_exists(
         assert seen[name] == str(eager if name == "adagrad" else lazy), (name, seen[name])
     for line in bare.out.splitlines()[:-1]:
         assert line.split(" ", 1)[1] == str([0, 0, 0, 0, 0, 1, 0, 0, 0, 1])
-    rows = sql(r.run_dir, "SELECT step, op FROM ops WHERE phase = 'optimizer' ORDER BY seq")
-    by_step: dict[int, list[str]] = {}
-    for x in rows:
-        by_step.setdefault(x["step"], []).append(x["op"])
-    ops = [by_step[s] for s in sorted(by_step)]
-    assert len(ops) == 5 * len(names), by_step
+    ops = _optimizer_ops_by_step(r.run_dir)
+    assert len(ops) == 5 * len(names), ops
     for k, name in zip(range(0, len(ops), 5), names):
         first = ops[k]
         makes = [o for o in first if o in ("torch.zeros_like", "torch.full_like")]
