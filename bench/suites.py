@@ -577,17 +577,20 @@ _FOOTPRINT = (
 
 def _footprint(py: str, code: str, env: dict[str, str], cwd: str) -> dict[str, Any] | str:
     """The state ``python -c code`` leaves (:data:`_FOOTPRINT`), or the child's error."""
-    r = subprocess.run(
-        [py, "-c", _FOOTPRINT.format(code=code)],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if r.returncode != 0:
-        return (r.stderr.strip() or f"exit {r.returncode}")[-300:]
-    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    try:
+        r = subprocess.run(
+            [py, "-c", _FOOTPRINT.format(code=code)],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if r.returncode != 0:
+            return (r.stderr.strip() or f"exit {r.returncode}")[-300:]
+        return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return f"{type(e).__name__}: {e}"[-300:]
 
 
 def _untouched(plain: dict[str, Any] | str, pth: dict[str, Any] | str) -> tuple[bool, str]:

@@ -248,6 +248,8 @@ def test_an_import_with_the_pth_off_is_compared_by_what_it_leaves(tmp_path: Path
     )
     assert not same and why.startswith("modules only with the .pth: "), why
     assert "failed" in suites._untouched("failed: exit 1", {})[1]
+    missing = suites._footprint(str(tmp_path / "no-python"), code, env, str(tmp_path))
+    assert isinstance(missing, str) and "FileNotFoundError" in missing
     from pprobe import siteinstall
 
     assert 0 < suites._pth_line_us(siteinstall.pth_line(str(tmp_path)), str(tmp_path)) < 1e4
