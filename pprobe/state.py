@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import threading
 from typing import Any
@@ -37,13 +38,12 @@ class Thread:
 
 
 def _forward(name: str) -> property:
-    def get(self: Any) -> Any:
-        return getattr(self.t, name)
+    """``local.<name>``, read and written on ``local.t`` (the Python engine's Thread)."""
 
     def put(self: Any, value: Any) -> None:
         setattr(self.t, name, value)
 
-    return property(get, put)
+    return property(operator.attrgetter("t." + name), put)
 
 
 class _Local(threading.local):
@@ -53,13 +53,16 @@ class _Local(threading.local):
     this local itself, whose ``depth``, ``parent``, ``module`` and ``phase`` are the core's
     C thread-locals."""
 
-    # Class attributes are the defaults every new thread sees (threading.local semantics).
-    depth = 0
-    parent = -1
-    module = None
-    phase = None
-    mstack = None
-    serial = 0
+    # Each engine replaces these below: the native core's ThreadFields (depth, parent, module,
+    # phase), the Python engine's properties onto Thread (all six). What stays a plain
+    # attribute (mstack, serial with the native core) defaults to the class's value on a new
+    # thread (threading.local semantics).
+    depth: int
+    parent: int
+    module: Any
+    phase: Any
+    mstack: Any = None
+    serial: int = 0
     t: Any
 
     def __init__(self) -> None:
