@@ -783,39 +783,7 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
                     if rest is not None:
                         descs = [pre + rest]
         if descs is None:
-            descs = []
-            arrays: Any
-            others: Any
-            if not kwargs and len(args) < 64:  # NumPy arrays only (values.collect's rows)
-                for i, x in enumerate(args):
-                    if x.__class__ not in plain_types:
-                        break
-                    key2 = (0, _IDX[i], x.shape, x.dtype)
-                    rest = _rests_get(key2)
-                    if rest is None:
-                        rest = _rest_miss(key2, x, None)
-                        if rest.__class__ is not bytes:
-                            break
-                    descs.append(pre + rest)
-                else:
-                    arrays = others = ()
-            if len(descs) != len(args) or kwargs:
-                descs = []
-                arrays, others = _collect(args, kwargs)
-            plain = not others
-            for idx, x, h in arrays:
-                if x.__class__ in plain_types:
-                    key2 = (0, idx, x.shape, x.dtype)
-                    rest = _rests_get(key2)
-                    if rest is None:
-                        rest = _rest_miss(key2, x, h)
-                else:
-                    rest = h.light("input", idx, x)
-                if rest.__class__ is bytes:
-                    descs.append(pre + rest)
-                else:
-                    descs.append(rest)
-                    plain = False
+            descs, others, plain = _inputs(pre, args, kwargs)
         else:
             others = ()
     except Exception as e:  # pprobe's own failure: never the user's problem
@@ -874,6 +842,43 @@ def call(op: Op, fn: Callable, args: tuple, kwargs: dict) -> Any:
         loc.depth = 0
         _report.internal_error("recording outputs", e)
     return result
+
+
+def _inputs(pre: bytes, args: tuple, kwargs: dict) -> tuple[list, Any, bool]:
+    """:func:`call`'s inputs in general: (desc records, or descriptions for
+    records.encode_descs; the arguments that are not arrays; whether every input is a record)."""
+    descs: list = []
+    rest: Any
+    if not kwargs and len(args) < 64:  # NumPy arrays only (values.collect's rows)
+        for i, x in enumerate(args):
+            if x.__class__ not in plain_types:
+                break
+            key = (0, _IDX[i], x.shape, x.dtype)
+            rest = _rests_get(key)
+            if rest is None:
+                rest = _rest_miss(key, x, None)
+                if rest.__class__ is not bytes:
+                    break
+            descs.append(pre + rest)
+        else:
+            return descs, (), True
+        descs = []
+    arrays, others = _collect(args, kwargs)
+    plain = not others
+    for idx, x, h in arrays:  # (inline, as _fast_row's outputs: a call an array is dear here)
+        if x.__class__ in plain_types:
+            key = (0, idx, x.shape, x.dtype)
+            rest = _rests_get(key)
+            if rest is None:
+                rest = _rest_miss(key, x, h)
+        else:
+            rest = h.light("input", idx, x)
+        if rest.__class__ is bytes:
+            descs.append(pre + rest)
+        else:
+            descs.append(rest)
+            plain = False
+    return descs, others, plain
 
 
 def _fast_row(
