@@ -643,7 +643,8 @@ class Writer:
     def _stacks_batch(self) -> Any:
         """The stacks interned since the last batch (recorder.stack_*), one row per frame,
         level 0 the call site: each stack's chain of ``stack_inner`` links walked for all new
-        stacks at once, names from the call-site table (no Python work per frame)."""
+        stacks at once (:func:`_stack_rows`; a few new stacks chain by chain), names from the
+        call-site table."""
         inner, outer = recorder.stack_inner, recorder.stack_outer
         n = min(len(inner), len(outer))
         k = self._stacks_done
@@ -651,30 +652,10 @@ class Writer:
             return None  # (the first batch may be empty: every process has its stacks shard)
         import numpy as np
 
-        # copies in one call each: an exported buffer would stop the recording thread's appends
-        inner_a = np.frombuffer(inner.tobytes(), dtype=np.int64)[:n]
-        outer_a = np.frombuffer(outer.tobytes(), dtype=np.int64)[:n]
-        owners, frames, steps = [], [], []
-        owner = np.arange(k, max(n, k), dtype=np.int64)
-        cur = owner
-        depth = np.zeros(len(owner), dtype=np.int64)
-        j = 0
-        while len(cur) and j <= n:  # j-th link of every chain still going (j <= n: no cycle)
-            owners.append(owner)
-            frames.append(outer_a[cur])
-            steps.append(np.full(len(cur), j, dtype=np.int64))
-            depth[owner - k] += 1
-            nxt = inner_a[cur]
-            keep = (nxt >= 0) & (nxt < n)
-            cur, owner = nxt[keep], owner[keep]
-            j += 1
-        if owners:
-            own = np.concatenate(owners)
-            level = depth[own - k] - 1 - np.concatenate(steps)  # the chain's last link: 0
-            order = np.lexsort((level, own))
-            ids, levels, site = own[order], level[order], np.concatenate(frames)[order]
+        if n - k <= _FEW_STACKS:
+            ids, levels, site = _stack_rows_few(np, inner, outer, k, n)
         else:
-            ids = levels = site = np.zeros(0, dtype=np.int64)
+            ids, levels, site = _stack_rows(np, inner, outer, k, n)
         self._stacks_done = max(n, k)
         site_ids = self._site_table(np)
         ok = (site >= 0) & (site < len(recorder.sites)) & (site < len(site_ids[0]))
@@ -708,12 +689,13 @@ class Writer:
                 seen = np.zeros(known, dtype=bool)
                 seen[unnamed] = True
                 need = np.flatnonzero(seen)
-                ops = recorder.ops_by_index
+                ops = list(map(recorder.ops_by_index.__getitem__, need.tolist()))
                 sid, opt = records.sid, records.sid_or_none
-                for i in need:  # NumPy ints, each op once per process
-                    o = ops[i]
-                    t[0][i], t[1][i] = sid(o.framework), sid(o.name)
-                    t[2][i], t[3][i] = sid(o.kind), opt(o.ufunc)
+                # each op once per process; each column in one assignment
+                t[0][need] = [sid(o.framework) for o in ops]
+                t[1][need] = [sid(o.name) for o in ops]
+                t[2][need] = [sid(o.kind) for o in ops]
+                t[3][need] = [opt(o.ufunc) for o in ops]
         return t
 
     def _site_table(self, np: Any) -> tuple:
@@ -732,6 +714,60 @@ class Writer:
         if not len(t[0]):
             return (np.full(1, -1, dtype=np.int64), np.full(1, -1, dtype=np.int64))
         return t
+
+
+#: Up to this many new stacks in a batch, their chains are walked in Python: a few links
+#: each, cheaper than the ~20 NumPy calls of the walk over all chains at once.
+_FEW_STACKS = 32
+
+
+def _stack_rows(np: Any, inner: Any, outer: Any, k: int, n: int) -> tuple[Any, Any, Any]:
+    """(stack id, level, site) per frame of stacks ``k`` to ``n``, ordered by stack then
+    level (0: the chain's last link): the ``j``-th link of every chain at once."""
+    # copies in one call each: an exported buffer would stop the recording thread's appends
+    inner_a = np.frombuffer(inner.tobytes(), dtype=np.int64)[:n]
+    outer_a = np.frombuffer(outer.tobytes(), dtype=np.int64)[:n]
+    owners, frames, steps = [], [], []
+    owner = np.arange(k, max(n, k), dtype=np.int64)
+    cur = owner
+    depth = np.zeros(len(owner), dtype=np.int64)
+    j = 0
+    while len(cur) and j <= n:  # j-th link of every chain still going (j <= n: no cycle)
+        owners.append(owner)
+        frames.append(outer_a[cur])
+        steps.append(np.full(len(cur), j, dtype=np.int64))
+        depth[owner - k] += 1
+        nxt = inner_a[cur]
+        keep = (nxt >= 0) & (nxt < n)
+        cur, owner = nxt[keep], owner[keep]
+        j += 1
+    if owners:
+        own = np.concatenate(owners)
+        level = depth[own - k] - 1 - np.concatenate(steps)  # the chain's last link: 0
+        order = np.lexsort((level, own))
+        ids, levels, site = own[order], level[order], np.concatenate(frames)[order]
+    else:
+        ids = levels = site = np.zeros(0, dtype=np.int64)
+    return ids, levels, site
+
+
+def _stack_rows_few(np: Any, inner: Any, outer: Any, k: int, n: int) -> tuple[Any, Any, Any]:
+    """:func:`_stack_rows` chain by chain, for a few new stacks."""
+    ids: list[int] = []
+    levels: list[int] = []
+    sites: list[int] = []
+    for s in range(k, n):
+        chain: list[int] = []
+        cur = s
+        while 0 <= cur < n and len(chain) <= n:  # (len <= n: no cycle)
+            chain.append(outer[cur])
+            cur = inner[cur]
+        m = len(chain)
+        ids += [s] * m
+        levels += range(m)
+        sites += reversed(chain)
+    i64 = np.int64
+    return np.array(ids, dtype=i64), np.array(levels, dtype=i64), np.array(sites, dtype=i64)
 
 
 class _Strings:
@@ -757,11 +793,9 @@ class _Strings:
             if self.lens is not None:
                 lens[: self.count + 1] = self.lens[: self.count + 1]
             self.lens = lens
-        lens, items = self.lens, self.items
-        for i in range(self.count, n):  # once per string
-            e = records.strings[i].encode("utf-8", "replace")
-            items.append(e)
-            lens[i + 1] = len(e)
+        new = [t.encode("utf-8", "replace") for t in records.strings[self.count : n]]
+        self.items.extend(new)  # once per string; their lengths in one assignment
+        self.lens[self.count + 1 : n + 1] = list(map(len, new))
         self.count = n
 
     def _one(self, np: Any, sid: int, n: int) -> Any:

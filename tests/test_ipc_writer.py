@@ -591,6 +591,31 @@ def test_ops_are_named_only_when_a_batch_has_them(tmp_path: Path) -> None:
     assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
 
 
+def test_a_few_new_stacks_walked_one_by_one_give_the_same_rows_as_the_bulk_walk() -> None:
+    """writer._stack_rows_few (a few new stacks, chain by chain) against _stack_rows (every
+    chain at once): the same (stack, level, site) rows, whatever the links, a cycle and links
+    out of range included."""
+    from array import array
+
+    from pprobe.writer import _stack_rows, _stack_rows_few
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(0, 12))
+        inner = array("q", rng.integers(-2, n + 2, size=n).tolist())
+        if trial % 3 == 0:  # interned stacks point to earlier ones only, as the recorder's do
+            inner = array("q", [int(rng.integers(-1, i)) if i else -1 for i in range(n)])
+        outer = array("q", rng.integers(-1, 50, size=n).tolist())
+        k = int(rng.integers(0, n + 1))
+        bulk = _stack_rows(np, inner, outer, k, n)
+        few = _stack_rows_few(np, inner, outer, k, n)
+        for a, b in zip(bulk, few):
+            assert a.dtype == b.dtype == np.int64
+            assert a.tolist() == b.tolist(), (inner, outer, k)
+    chain = _stack_rows_few(np, array("q", [-1, 0, 1]), array("q", [10, 11, 12]), 2, 3)
+    assert [c.tolist() for c in chain] == [[2, 2, 2], [0, 1, 2], [10, 11, 12]]
+
+
 # ---------------------------------------------------------------------- the native twins
 def _native_mod():  # type: ignore[no-untyped-def]
     """pprobe._native where it is built and loads (whatever PPROBE_CORE says: these tests
