@@ -678,11 +678,12 @@ class Writer:
         known = len(recorder.ops_by_index)
         t = self._ops_sids
         if t is None or len(t[0]) < known:
-            old = 0 if t is None else len(t[0])
-            grown = tuple(np.full(known, -2, dtype=np.int64) for _ in range(4))
-            for a, b in zip(grown, t or ()):
-                a[:old] = b
-            t = self._ops_sids = grown
+            # one (4, capacity) array, its rows the columns: one NumPy call a growth, and
+            # room for twice the ops known (the probe registers ops as the program meets them)
+            grown = np.full((4, max(2 * known, 1024)), -2, dtype=np.int64)
+            if t is not None:
+                grown[:, : len(t[0])] = t
+            t = self._ops_sids = tuple(grown)
         if len(op_index):
             unnamed = op_index[t[0][op_index] == -2]
             if len(unnamed):  # (not np.unique: it imports numpy.ma)
