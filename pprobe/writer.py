@@ -404,8 +404,9 @@ class Writer:
         site_ids = self._site_table(np)
         # Thread names: per distinct thread serial (state.thread_names).
         threads = ops["thread"]
+        thr_inv: Any = None  # (one thread: every row's is thread_sids[0])
         if n and (threads == threads[0]).all():  # one thread: no sort
-            thr_u, thr_inv = threads[:1], np.zeros(n, dtype=np.intp)
+            thr_u = threads[:1]
         else:
             thr_u, thr_inv = np.unique(threads, return_inverse=True)
         names = [state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
@@ -900,10 +901,18 @@ def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
 
 def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
     """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
-    records.MAX_INLINE_DIMS (values.pack_shape). Ranks that differ within the batch, all
-    inline: the native core's shape_lists (one pass in C), or its twin, NumPy's mask of the
-    (records, MAX_INLINE_DIMS) view (~0.04 us a record more)."""
+    records.MAX_INLINE_DIMS (values.pack_shape). All inline: the native core's shape_lists
+    (one pass in C, first: no NumPy call before it), or its twin, NumPy's views of the
+    (records, MAX_INLINE_DIMS) dimensions (a slice for one rank in the batch, else a mask,
+    ~0.04 us a record more)."""
     m = len(ds)
+    native = core.native
+    if native is not None and m:
+        fields = ds.dtype.fields
+        got = native.shape_lists(ds, ds.dtype.itemsize, fields["ndim"][1], fields["d0"][1])
+        if got is not None:  # (None: a deep shape in the batch)
+            return A.int64_lists(np, np.frombuffer(got[0], dtype=np.int32),
+                                 np.frombuffer(got[1], dtype=np.int64))  # fmt: skip
     ndim = ds["ndim"].astype(np.int64)
     k = records.MAX_INLINE_DIMS
     # the k inline dimensions of each record, as an (m, k) view of the record buffer
@@ -917,12 +926,6 @@ def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
         nd = int(ndim[0])
         offsets = np.arange(m + 1, dtype=np.int32) * np.int32(nd)
         return A.int64_lists(np, offsets, dims[:, :nd].reshape(-1))
-    native = core.native
-    got = None if native is None or not m else native.shape_lists(
-        ds, ds.dtype.itemsize, ds.dtype.fields["ndim"][1], ds.dtype.fields["d0"][1])  # fmt: skip
-    if got is not None:  # (None: a deep shape in the batch)
-        return A.int64_lists(np, np.frombuffer(got[0], dtype=np.int32),
-                             np.frombuffer(got[1], dtype=np.int64))  # fmt: skip
     if deep.any():
         pieces = []
         refs = ds["shape_ref"]

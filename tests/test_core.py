@@ -300,13 +300,22 @@ SHAPES = [(), (5,), (2, 3), (1, 1, 1, 1, 1, 1, 1, 1), (4, 0, 7), (9,), (2**40, 3
 
 
 @pytest.mark.parametrize("engine", ["native", "python"])
-@pytest.mark.parametrize("deep", [False, True], ids=["inline", "deep"])
+@pytest.mark.parametrize(
+    "deep, one_rank",
+    [(False, False), (True, False), (False, True), (False, None)],
+    ids=["inline", "deep", "one rank", "rank 0"],
+)
 def test_the_shape_column_of_mixed_ranks(
-    engine: str, deep: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine: str,
+    deep: bool,
+    one_rank: bool | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A batch of tensors of several ranks (0 to MAX_INLINE_DIMS, a zero and a big
     dimension), and with a deeper shape among them: the native core's shape_lists, or its
-    NumPy twin (and the NumPy path wherever a shape is deep)."""
+    NumPy twin (and the NumPy path wherever a shape is deep); and batches of one rank (the
+    twin's slice of the dimensions), scalars' rank 0 among them."""
     from pprobe import recorder, state
     from pprobe.writer import Writer
 
@@ -315,6 +324,10 @@ def test_the_shape_column_of_mixed_ranks(
     if engine == "python":
         monkeypatch.setattr(core, "native", None)
     shapes = SHAPES + [tuple(range(1, 12))] if deep else SHAPES
+    if one_rank:
+        shapes = [(2, 3), (0, 5), (2**40, 1), (7, 7)]
+    elif one_rank is None:
+        shapes = [()]
     shapes = shapes * 3
     while len(recorder.ops_by_index) < 8:
         recorder.op(f"test.op{len(recorder.ops_by_index)}", "function", "numpy")
