@@ -5197,6 +5197,148 @@ done:
     return out;
 }
 
+/* The record buffer (recs, C-contiguous, whole records of itemsize bytes) as Recs, for
+   field_ranges and missing_ids. 0, or -1 with an exception set and rb released. */
+static int recs_open(PyObject *recs, PyObject *sizeo, Py_buffer *rb, Recs *r) {
+    Py_ssize_t itemsize = PyLong_AsSsize_t(sizeo);
+    if (itemsize == -1 && PyErr_Occurred()) return -1;
+    if (itemsize <= 0) {
+        PyErr_SetString(PyExc_ValueError, "records: itemsize must be positive");
+        return -1;
+    }
+    if (PyObject_GetBuffer(recs, rb, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (rb->len % itemsize) {
+        PyBuffer_Release(rb);
+        PyErr_SetString(PyExc_ValueError, "records: not a whole number of records");
+        return -1;
+    }
+    r->base = (const char *)rb->buf;
+    r->itemsize = itemsize;
+    r->n = rb->len / itemsize;
+    r->column = r->constt = NULL;
+    return 0;
+}
+
+/* field_ranges(recs, itemsize, fields) -> [(min, max), ...] or None: the least and the
+   greatest value of each (offset, struct code) field ('q', 'Q' or 'i', as record_columns')
+   over the records, in one pass each; None for no record. The writer's checks of a batch
+   (one thread? statistics, dumps or notes in it?) without a NumPy call, each of which costs
+   the writer's cold flush far more than its work. The twin: NumPy's min and max of the
+   structured array's field. */
+static PyObject *field_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "field_ranges(recs, itemsize, fields: tuple)");
+        return NULL;
+    }
+    Py_buffer rb;
+    Recs r;
+    if (recs_open(args[0], args[1], &rb, &r) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t m = PyTuple_GET_SIZE(args[2]);
+    if (!r.n) {
+        for (Py_ssize_t i = 0; i < m; i++) /* the fields are checked all the same */
+            if (!PyTuple_Check(PyTuple_GET_ITEM(args[2], i))) goto bad;
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    out = PyList_New(m);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *f = PyTuple_GET_ITEM(args[2], i);
+        Ids v;
+        if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != 2) {
+            Py_CLEAR(out);
+            goto bad;
+        }
+        if (rc_field(&r, PyTuple_GET_ITEM(f, 0), PyTuple_GET_ITEM(f, 1), &v) < 0) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        int64_t lo = id_at(&v, 0), hi = lo;
+        for (Py_ssize_t k = 1; k < r.n; k++) {
+            int64_t x = id_at(&v, k);
+            lo = x < lo ? x : lo;
+            hi = x > hi ? x : hi;
+        }
+        PyObject *t = Py_BuildValue("(LL)", (long long)lo, (long long)hi);
+        if (!t) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    goto done;
+bad:
+    PyErr_SetString(PyExc_TypeError, "field_ranges: each field is an (offset, code) tuple");
+done:
+    PyBuffer_Release(&rb);
+    return out;
+}
+
+/* missing_ids(recs, itemsize, offset, code, table, marker) -> [j, ...]: the distinct values
+   j >= 0 of the field whose table[j] is marker, ascending (an IndexError for a j past the
+   table): the ops of a batch the writer has not named yet (pprobe.writer._op_table), in one
+   pass. The twin: NumPy's fancy indexing of the table by the field. */
+static PyObject *missing_ids(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "missing_ids(recs, itemsize, offset, code, table, marker)");
+        return NULL;
+    }
+    long long marker = PyLong_AsLongLong(args[5]);
+    if (marker == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer rb, tb;
+    Recs r;
+    if (recs_open(args[0], args[1], &rb, &r) < 0) return NULL;
+    PyObject *out = NULL;
+    uint8_t *seen = NULL;
+    Ids f, t;
+    if (rc_field(&r, args[2], args[3], &f) < 0) {
+        PyBuffer_Release(&rb);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &tb, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&rb);
+        return NULL;
+    }
+    if (ids_of(&tb, &t) < 0) goto done;
+    Py_ssize_t nt = tb.shape ? tb.shape[0] : tb.len / tb.itemsize;
+    seen = PyMem_Calloc((size_t)(nt ? nt : 1), 1);
+    if (!seen) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t found = 0;
+    for (Py_ssize_t k = 0; k < r.n; k++) {
+        int64_t j = id_at(&f, k);
+        if (j < 0) continue;
+        if (j >= nt) {
+            PyErr_SetString(PyExc_IndexError, "missing_ids: an index past its table");
+            goto done;
+        }
+        if (!seen[j] && id_at(&t, (Py_ssize_t)j) == marker) {
+            seen[j] = 1;
+            found++;
+        }
+    }
+    out = PyList_New(found);
+    if (!out) goto done;
+    for (Py_ssize_t j = 0, i = 0; i < found; j++) {
+        if (!seen[j]) continue;
+        PyObject *x = PyLong_FromSsize_t(j);
+        if (!x) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i++, x);
+    }
+done:
+    PyMem_Free(seen);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&rb);
+    return out;
+}
+
 /* arg_column(refs, objs, cache) -> the args column of pprobe.writer._args: (null count,
    validity bitmap or None, int32 offsets, UTF-8 data) as bytes, where row k is the text
    cache holds for the set objs[refs[k]] (null where refs[k] is negative); or, where some
@@ -6167,6 +6309,11 @@ static PyMethodDef methods[] = {
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
+    {"field_ranges", (PyCFunction)(void (*)(void))field_ranges, METH_FASTCALL,
+     "field_ranges(recs, itemsize, fields) -> [(min, max), ...] or None (no record)"},
+    {"missing_ids", (PyCFunction)(void (*)(void))missing_ids, METH_FASTCALL,
+     "missing_ids(recs, itemsize, offset, code, table, marker) -> the values j of the field "
+     "with table[j] == marker, distinct, ascending"},
     {"shape_lists", (PyCFunction)(void (*)(void))shape_lists, METH_FASTCALL,
      "shape_lists(records, size, ndim_at, dims_at) -> (offsets, values) or None"},
     {"ipc_schema_message", ipc_schema_message, METH_VARARGS,

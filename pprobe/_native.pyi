@@ -126,6 +126,17 @@ def arg_texts(
 def shape_lists(
     records: Any, size: int, ndim_at: int, dims_at: int
 ) -> tuple[bytes, bytes] | None: ...
+def field_ranges(
+    recs: Any, itemsize: int, fields: tuple[tuple[int, str], ...], /
+) -> list[tuple[int, int]] | None:
+    """The least and greatest value of each (offset, struct code) field over the records;
+    None for no record."""
+
+def missing_ids(
+    recs: Any, itemsize: int, offset: int, code: str, table: Any, marker: int, /
+) -> list[int]:
+    """The distinct values j >= 0 of the field with table[j] == marker, ascending."""
+
 def dict_indices(ids: Any, /) -> int | tuple[int, bytes | None, bytes]:
     """pprobe.arrowipc.dict_indices's twin: the one id of every row (-1: all null), or
     (null count, validity bitmap or None, int32 indices ids + 1)."""

@@ -44,6 +44,11 @@ SWITCH_S = 0.0002  # the GIL switch interval while the writer works
 #: name -> (name, byte offset, struct code) of the op and desc records' fields, as specs take them
 _OPF = {k: (k, *v) for k, v in records.OP_AT.items()}
 _DESCF = {k: (k, *v) for k, v in records.DESC_AT.items()}
+#: (offset, struct code) of the fields the native core's field_ranges and missing_ids read
+_OP_SIZE, _DESC_SIZE = records.OP_SIZE, records.DESC_SIZE
+_THREAD_AT = (records.OP_AT["thread"],)
+_OP_AT_OP = records.OP_AT["op"]
+_OBJECT_AT = tuple(records.DESC_AT[f] for f in ("stats", "path", "note"))
 #: The tensors batch's columns past ``grad`` when no row has statistics, a dump or a note.
 _NO_OBJECT_COLUMNS = (
     *((RC_NULLS, A.FLOAT64),) * 4,  # min, max, mean, std
@@ -398,18 +403,22 @@ class Writer:
         op_dt, desc_dt = records.numpy_dtypes()
         ops = np.frombuffer(heads, dtype=op_dt)
         strs = self._strings
-        op_index = ops["op"]
         # Per op index and per call site: string ids, named as ops and sites appear.
-        op_ids = self._op_table(np, op_index)
+        op_ids = self._op_table(np, heads, ops)
         site_ids = self._site_table(np)
         # Thread names: per distinct thread serial (state.thread_names).
-        threads = ops["thread"]
         thr_inv: Any = None  # (one thread: every row's is thread_sids[0])
-        if n and (threads == threads[0]).all():  # one thread: no sort
-            thr_u = threads[:1]
+        native = core.native
+        if native is not None and n:  # one pass in C, no NumPy call: one thread?
+            lo, hi = native.field_ranges(heads, _OP_SIZE, _THREAD_AT)[0]
+            thr_l = [lo] if lo == hi else None
         else:
-            thr_u, thr_inv = np.unique(threads, return_inverse=True)
-        names = [state.thread_names.get(t) or str(t) for t in thr_u.tolist()]
+            threads = ops["thread"]
+            thr_l = threads[:1].tolist() if n and (threads == threads[0]).all() else None
+        if thr_l is None:  # several threads: a sort
+            thr_u, thr_inv = np.unique(ops["thread"], return_inverse=True)
+            thr_l = thr_u.tolist()
+        names = [state.thread_names.get(t) or str(t) for t in thr_l]
         thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
         # a copy in one call: an exported buffer would stop the recording thread's appends
         first = np.frombuffer(recorder.stack_site.tobytes() or bytes(8), dtype=np.int64)
@@ -448,13 +457,20 @@ class Writer:
         ops_batch = A.Batch(logschema.OPS, n, ops_cols, strs.items)
         ds = np.frombuffer(descs, dtype=desc_dt)
         m = len(ds)
-        stats_kind = ds["stats"]
         obj_cols: Any = _NO_OBJECT_COLUMNS  # log mode: no statistics, dump or note
-        if m and (
-            stats_kind.max() != records.STATS_NONE  # statistics (inline, or on a device)
-            or (objs and max(ds["path"].max(), ds["note"].max()) >= 0)  # dumps, notes
-        ):
-            obj_cols = self._object_columns(np, ds, objs, stats_kind)
+        if m:
+            if native is not None:  # one pass in C each, no NumPy call
+                stats_max, path_max, note_max = (
+                    hi for _, hi in native.field_ranges(descs, _DESC_SIZE, _OBJECT_AT)
+                )
+            else:
+                stats_max = ds["stats"].max()
+                path_max, note_max = (ds["path"].max(), ds["note"].max()) if objs else (-1, -1)
+            if (
+                stats_max != records.STATS_NONE  # statistics (inline, or on a device)
+                or (objs and max(path_max, note_max) >= 0)  # dumps, notes
+            ):
+                obj_cols = self._object_columns(np, ds, objs, ds["stats"])
         t_specs = [
             (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
             (RC_CONST, 8, self.pid),
@@ -673,9 +689,10 @@ class Writer:
         ]
         return A.Batch(logschema.STACKS, m, cols, self._strings.items)
 
-    def _op_table(self, np: Any, op_index: Any) -> tuple:
+    def _op_table(self, np: Any, heads: bytes, ops: Any) -> tuple:
         """(framework, op, kind, ufunc) string ids per op index, named for the ops that appear
-        in a batch only (-2: not named yet; the probe knows thousands of ops)."""
+        in a batch (``heads``, the op records; ``ops``, their structured array) only (-2: not
+        named yet; the probe knows thousands of ops)."""
         known = len(recorder.ops_by_index)
         t = self._ops_sids
         if t is None or len(t[0]) < known:
@@ -685,19 +702,26 @@ class Writer:
             if t is not None:
                 grown[:, : len(t[0])] = t
             t = self._ops_sids = tuple(grown)
-        if len(op_index):
+        native = core.native
+        need: Any = ()
+        if native is not None:  # one pass in C, no NumPy call
+            need = native.missing_ids(heads, _OP_SIZE, *_OP_AT_OP, t[0], -2)
+        elif len(ops):
+            op_index = ops["op"]
             unnamed = op_index[t[0][op_index] == -2]
-            if len(unnamed):  # (not np.unique: it imports numpy.ma)
+            if len(unnamed):  # (not np.unique: it imports numpy.ma; no negative index)
+                unnamed = unnamed[unnamed >= 0]
                 seen = np.zeros(known, dtype=bool)
                 seen[unnamed] = True
-                need = np.flatnonzero(seen)
-                ops = list(map(recorder.ops_by_index.__getitem__, need.tolist()))
-                sid, opt = records.sid, records.sid_or_none
-                # each op once per process; each column in one assignment
-                t[0][need] = [sid(o.framework) for o in ops]
-                t[1][need] = [sid(o.name) for o in ops]
-                t[2][need] = [sid(o.kind) for o in ops]
-                t[3][need] = [opt(o.ufunc) for o in ops]
+                need = np.flatnonzero(seen).tolist()
+        if need:
+            named = list(map(recorder.ops_by_index.__getitem__, need))
+            sid, opt = records.sid, records.sid_or_none
+            # each op once per process; each column in one assignment
+            t[0][need] = [sid(o.framework) for o in named]
+            t[1][need] = [sid(o.name) for o in named]
+            t[2][need] = [sid(o.kind) for o in named]
+            t[3][need] = [opt(o.ufunc) for o in named]
         return t
 
     def _site_table(self, np: Any) -> tuple:

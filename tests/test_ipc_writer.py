@@ -571,23 +571,42 @@ def test_all_null_columns_share_one_region_of_the_body() -> None:
     assert all(c.null_count == n for c in got.columns)
 
 
-def test_ops_are_named_only_when_a_batch_has_them(tmp_path: Path) -> None:
-    from pprobe import recorder
+@pytest.mark.parametrize("engine", ["native", "python"])
+def test_ops_are_named_only_when_a_batch_has_them(
+    engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer._op_table names the ops a batch's records point to, and no other: the native
+    core's missing_ids over the records, or its NumPy twin."""
+    from pprobe import core, recorder, records
     from pprobe.writer import Writer
 
+    if engine == "native":
+        if _native_mod() is None:
+            pytest.skip("the native core is not built")
+        monkeypatch.setattr(core, "native", _native_mod())
+    else:
+        monkeypatch.setattr(core, "native", None)
     while len(recorder.ops_by_index) < 12:
         recorder.op(f"test.named{len(recorder.ops_by_index)}", "function", "numpy")
+    op_dt, _ = records.numpy_dtypes()
+
+    def heads(ops: list) -> tuple[bytes, np.ndarray]:
+        recs = np.zeros(len(ops), dtype=op_dt)
+        recs["op"] = ops
+        return recs.tobytes(), recs
+
     w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
-    t = w._op_table(np, np.array([3, 7, 3], dtype=np.int32))
+    t = w._op_table(np, *heads([3, 7, 3]))
     named = np.flatnonzero(t[0] != -2)
     assert named.tolist() == [3, 7]
-    from pprobe import records
-
     assert [records.strings[t[1][i]] for i in (3, 7)] == [
         recorder.ops_by_index[3].name,
         recorder.ops_by_index[7].name,
     ]
-    t = w._op_table(np, np.array([9], dtype=np.int32))
+    assert records.strings[t[2][3]] == "function" and records.strings[t[0][7]] == "numpy"
+    t = w._op_table(np, *heads([9, 3, -1]))  # (a negative index names nothing)
+    assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
+    t = w._op_table(np, *heads([]))
     assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
 
 
@@ -830,3 +849,56 @@ def test_dict_take_is_dict_indices_of_the_gathered_ids(monkeypatch: pytest.Monke
         nat.dict_take(table, np.array([0, 20]), inner)
     with pytest.raises(TypeError):
         nat.dict_take(table, np.array([0.0, 1.0]))
+
+
+@needs_native
+def test_field_ranges_and_missing_ids_agree_with_numpy() -> None:
+    """The native core's field_ranges (min and max of record fields) and missing_ids (the
+    distinct field values whose table entry is a marker) against NumPy over the same
+    structured records: int32, int64 and uint64 fields, negatives, one record, none."""
+    from pprobe import records
+
+    nat = _native_mod()
+    op_dt, desc_dt = records.numpy_dtypes()
+    rng = np.random.default_rng(3)
+    fields = (records.OP_AT["thread"], records.OP_AT["op"], records.OP_AT["t0"])
+    for n in (0, 1, 2, 37, 1000):
+        recs = np.zeros(n, dtype=op_dt)
+        recs["thread"] = rng.integers(1, 4, n)
+        recs["op"] = rng.integers(-1, 50, n)
+        recs["t0"] = rng.integers(-(2**40), 2**40, n)
+        got = nat.field_ranges(recs.tobytes(), op_dt.itemsize, fields)
+        if not n:
+            assert got is None
+            assert (
+                nat.missing_ids(
+                    b"", op_dt.itemsize, *records.OP_AT["op"], np.zeros(1, np.int64), -2
+                )
+                == []
+            )
+            continue
+        assert got == [(int(recs[f].min()), int(recs[f].max())) for f in ("thread", "op", "t0")]
+        table = rng.choice(np.array([-2, 5, 9], dtype=np.int64), 50)
+        got = nat.missing_ids(recs.tobytes(), op_dt.itemsize, *records.OP_AT["op"], table, -2)
+        ops = recs["op"][recs["op"] >= 0]
+        assert got == sorted({int(j) for j in ops if table[j] == -2})
+        got32 = nat.missing_ids(
+            recs, op_dt.itemsize, *records.OP_AT["op"], table.astype(np.int32), 9
+        )
+        assert got32 == sorted({int(j) for j in ops if table[j] == 9})
+    descs = np.zeros(3, dtype=desc_dt)
+    descs["stats"], descs["path"], descs["note"] = [-2, -1, -2], [-1, -1, 4], -1
+    at = tuple(records.DESC_AT[f] for f in ("stats", "path", "note"))
+    assert nat.field_ranges(descs.tobytes(), desc_dt.itemsize, at) == [(-2, -1), (-1, 4), (-1, -1)]
+    recs = np.zeros(2, dtype=op_dt)
+    recs["op"] = [1, 5]
+    with pytest.raises(IndexError):
+        nat.missing_ids(recs.tobytes(), op_dt.itemsize, *records.OP_AT["op"], np.full(5, -2), -2)
+    with pytest.raises(ValueError, match="whole number"):
+        nat.field_ranges(recs.tobytes()[:-1], op_dt.itemsize, fields)
+    with pytest.raises(ValueError, match="outside the record"):
+        nat.field_ranges(recs.tobytes(), op_dt.itemsize, ((op_dt.itemsize - 4, "q"),))
+    with pytest.raises(TypeError):
+        nat.field_ranges(recs.tobytes(), op_dt.itemsize, [records.OP_AT["op"]])  # not a tuple
+    with pytest.raises(TypeError):
+        nat.field_ranges(recs.tobytes(), op_dt.itemsize, ((0,),))
