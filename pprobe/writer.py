@@ -48,6 +48,8 @@ _DESCF = {k: (k, *v) for k, v in records.DESC_AT.items()}
 _OP_SIZE, _DESC_SIZE = records.OP_SIZE, records.DESC_SIZE
 _THREAD_AT = (records.OP_AT["thread"],)
 _OP_AT_OP = records.OP_AT["op"]
+_ARGS_AT = records.OP_AT["args"][0]
+_NDIM_AT, _D0_AT = records.DESC_AT["ndim"][0], records.DESC_AT["d0"][0]
 _OBJECT_AT = tuple(records.DESC_AT[f] for f in ("stats", "path", "note"))
 #: The tensors batch's columns past ``grad`` when no row has statistics, a dump or a note.
 _NO_OBJECT_COLUMNS = (
@@ -400,15 +402,16 @@ class Writer:
         references) or imports a module the program did not import (pyarrow among them)."""
         import numpy as np
 
-        op_dt, desc_dt = records.numpy_dtypes()
-        ops = np.frombuffer(heads, dtype=op_dt)
+        native = core.native
+        # The native core's passes read the records as they are (bytes): no structured array
+        # (its dtypes cost the first flush ~0.1-0.3 ms), no view of a field, on that path.
+        ops: Any = None if native is not None else np.frombuffer(heads, records.numpy_dtypes()[0])
         strs = self._strings
         # Per op index and per call site: string ids, named as ops and sites appear.
         op_ids = self._op_table(np, heads, ops)
         site_ids = self._site_table(np)
         # Thread names: per distinct thread serial (state.thread_names).
         thr_inv: Any = None  # (one thread: every row's is thread_sids[0])
-        native = core.native
         if native is not None and n:  # one pass in C, no NumPy call: one thread?
             lo, hi = native.field_ranges(heads, _OP_SIZE, _THREAD_AT)[0]
             thr_l = [lo] if lo == hi else None
@@ -416,13 +419,21 @@ class Writer:
             threads = ops["thread"]
             thr_l = threads[:1].tolist() if n and (threads == threads[0]).all() else None
         if thr_l is None:  # several threads: a sort
+            if ops is None:
+                ops = np.frombuffer(heads, records.numpy_dtypes()[0])
             thr_u, thr_inv = np.unique(ops["thread"], return_inverse=True)
             thr_l = thr_u.tolist()
         names = [state.thread_names.get(t) or str(t) for t in thr_l]
-        thread_sids = np.array([records.sid(s) for s in names], dtype=np.int64)
+        thread_sids = [records.sid(s) for s in names]
         # a copy in one call: an exported buffer would stop the recording thread's appends
-        first = np.frombuffer(recorder.stack_site.tobytes() or bytes(8), dtype=np.int64)
-        args = self._args(np, ops["args"], objs)
+        first: Any = recorder.stack_site.tobytes() or bytes(8)
+        if native is not None:  # the args field as a strided int32 view of the bytes
+            first = memoryview(first).cast("q")
+            refs: Any = memoryview(heads).cast("B").cast("i")[_ARGS_AT // 4 :: _OP_SIZE // 4]
+        else:
+            first = np.frombuffer(first, dtype=np.int64)
+            refs = ops["args"]
+        args = self._args(np, refs, objs)
         strs.refresh()
         one_thread = len(thread_sids) == 1
         # the op record's "site" field holds its call stack's id (recorder.stack_*): the
@@ -434,8 +445,8 @@ class Writer:
             (RC_CONST, 4, state.rank),
             (RC_CONST, 4, state.world_size),
             (RC_INT, *_OPF["seq"], 8, 0, False),
-            (RC_ONE, int(thread_sids[0])) if one_thread
-            else (RC_COL, A.dict_take(np, thread_sids, thr_inv.reshape(-1))),
+            (RC_ONE, thread_sids[0]) if one_thread
+            else (RC_COL, A.dict_take(np, np.array(thread_sids, np.int64), thr_inv.reshape(-1))),
             (RC_INT, *_OPF["t0"], 8, self.epoch0, False),
             (RC_DIFF, *_OPF["t1"][:2], *_OPF["t0"][:2]),
             (RC_TAKE, *_OPF["op"], op_ids[0], None),
@@ -453,10 +464,19 @@ class Writer:
             (RC_COL, args),
             (RC_INT, *_OPF["site"], 8, 0, True),  # the stack id (null: no site)
         ]  # fmt: skip
-        ops_cols = record_columns(np, ops, ops_specs)
+        if native is not None and ops is None and n:
+            ops_cols = native.record_columns(heads, _OP_SIZE, ops_specs, A.Column, A.Const)
+        else:
+            if ops is None:
+                ops = np.frombuffer(heads, records.numpy_dtypes()[0])
+            ops_cols = record_columns(np, ops, ops_specs)
         ops_batch = A.Batch(logschema.OPS, n, ops_cols, strs.items)
-        ds = np.frombuffer(descs, dtype=desc_dt)
-        m = len(ds)
+        m = memoryview(descs).nbytes // _DESC_SIZE
+        # the desc records as a structured array: where NumPy reads them (the Python engine,
+        # no desc record, statistics, dumps, notes, deep shapes)
+        ds: Any = (
+            None if native is not None and m else np.frombuffer(descs, records.numpy_dtypes()[1])
+        )
         obj_cols: Any = _NO_OBJECT_COLUMNS  # log mode: no statistics, dump or note
         if m:
             if native is not None:  # one pass in C each, no NumPy call
@@ -470,20 +490,30 @@ class Writer:
                 stats_max != records.STATS_NONE  # statistics (inline, or on a device)
                 or (objs and max(path_max, note_max) >= 0)  # dumps, notes
             ):
+                if ds is None:
+                    ds = np.frombuffer(descs, records.numpy_dtypes()[1])
                 obj_cols = self._object_columns(np, ds, objs, ds["stats"])
+        shapes = _shapes(np, A, descs, m, objs)
+        if shapes is None:  # deep shapes: NumPy's path
+            if ds is None:
+                ds = np.frombuffer(descs, records.numpy_dtypes()[1])
+            shapes = _py_shapes(np, A, ds, objs)
         t_specs = [
             (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
             (RC_CONST, 8, self.pid),
             (RC_INT, *_DESCF["seq"], 8, 0, False),
             (RC_INDEX, *_DESCF["role"]),
             (RC_INDEX, *_DESCF["idx"]),
-            (RC_COL, _shapes(np, A, ds, objs)),
+            (RC_COL, shapes),
             (RC_INDEX, *_DESCF["dtype"]),
             (RC_INDEX, *_DESCF["device"]),
             (RC_BOOL, *_DESCF["grad"]),
             *obj_cols,
         ]
-        t_cols = record_columns(np, ds, t_specs)
+        if native is not None and ds is None:
+            t_cols = native.record_columns(descs, _DESC_SIZE, t_specs, A.Column, A.Const)
+        else:
+            t_cols = record_columns(np, ds, t_specs)
         return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
 
     def _object_columns(self, np: Any, ds: Any, objs: list, stats_kind: Any) -> list:
@@ -612,6 +642,7 @@ class Writer:
                 k, bitmap, offsets, data = got
                 return A.Column(n, k, [bitmap, offsets, data])
             # (still sets without a text: the cache was emptied in between) by value below
+        refs = np.asarray(refs)  # (a strided view of the record bytes on the native path)
         rows = np.flatnonzero(refs >= 0)
         if not len(rows):
             return A.nulls(np, A.UTF8, n)
@@ -923,20 +954,26 @@ def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
     return A.floats(np, v, valid & (v == v))
 
 
-def _shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
-    """Desc records' shapes -> list<int64>: inline dimensions, or packed bytes beyond
-    records.MAX_INLINE_DIMS (values.pack_shape). All inline: the native core's shape_lists
-    (one pass in C, first: no NumPy call before it), or its twin, NumPy's views of the
-    (records, MAX_INLINE_DIMS) dimensions (a slice for one rank in the batch, else a mask,
-    ~0.04 us a record more)."""
-    m = len(ds)
+def _shapes(np: Any, A: Any, descs: bytes, m: int, objs: list) -> Any:
+    """The ``m`` desc records' shapes -> list<int64>: inline dimensions, or packed bytes
+    beyond records.MAX_INLINE_DIMS (values.pack_shape). All inline: the native core's
+    shape_lists (one pass in C over the bytes, no NumPy call); None otherwise (a deep shape
+    in the batch, or the Python engine): :func:`_py_shapes`."""
     native = core.native
-    if native is not None and m:
-        fields = ds.dtype.fields
-        got = native.shape_lists(ds, ds.dtype.itemsize, fields["ndim"][1], fields["d0"][1])
-        if got is not None:  # (None: a deep shape in the batch)
-            return A.int64_lists(np, np.frombuffer(got[0], dtype=np.int32),
-                                 np.frombuffer(got[1], dtype=np.int64))  # fmt: skip
+    if native is None or not m:
+        return None
+    got = native.shape_lists(descs, _DESC_SIZE, _NDIM_AT, _D0_AT)
+    if got is None:  # (a deep shape in the batch)
+        return None
+    offsets, values = got
+    child = A.Column(len(values) // 8, 0, [None, values])
+    return A.Column(m, 0, [None, offsets], child)
+
+
+def _py_shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
+    """:func:`_shapes` with NumPy, any shape: views of the (records, MAX_INLINE_DIMS)
+    dimensions (a slice for one rank in the batch, else a mask, ~0.04 us a record more)."""
+    m = len(ds)
     ndim = ds["ndim"].astype(np.int64)
     k = records.MAX_INLINE_DIMS
     # the k inline dimensions of each record, as an (m, k) view of the record buffer
