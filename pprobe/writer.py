@@ -22,6 +22,7 @@ import struct
 import sys
 import threading
 import time
+from array import array
 from time import perf_counter_ns
 from typing import Any
 
@@ -700,6 +701,20 @@ class Writer:
             return None  # (the first batch may be empty: every process has its stacks shard)
         import numpy as np
 
+        native = core.native
+        if native is not None and 0 < n - k <= _FEW_STACKS:  # no NumPy call
+            callers, funcs = self._site_table(np)
+            recs = _stack_records_few(inner, outer, k, n, callers, funcs, len(recorder.sites))
+            self._stacks_done = n
+            self._strings.refresh()
+            specs = [
+                (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
+                (RC_CONST, 8, self.pid),
+                *_STACK_SPECS,
+            ]
+            m = len(recs) // 4
+            cols = native.record_columns(recs, 32, specs, A.Column, A.Const)
+            return A.Batch(logschema.STACKS, m, cols, self._strings.items)
         if n - k <= _FEW_STACKS:
             ids, levels, site = _stack_rows_few(np, inner, outer, k, n)
         else:
@@ -827,6 +842,41 @@ def _stack_rows_few(np: Any, inner: Any, outer: Any, k: int, n: int) -> tuple[An
     return np.array(ids, dtype=i64), np.array(levels, dtype=i64), np.array(sites, dtype=i64)
 
 
+#: record_columns' specs of the stacks batch past run_id and pid, over _stack_records_few's
+#: records: (stack id, level, caller id, caller_function id), int64 each
+_STACK_SPECS = (
+    (RC_INT, "stack", 0, "q", 8, 0, False),
+    (RC_INT, "level", 8, "q", 4, 0, False),
+    (RC_INDEX, "caller", 16, "q"),
+    (RC_INDEX, "caller_function", 24, "q"),
+)
+
+
+def _stack_records_few(
+    inner: Any, outer: Any, k: int, n: int, callers: Any, funcs: Any, known: int
+) -> array:
+    """The rows of :func:`_stack_rows_few` as records of four int64s for the native core's
+    record_columns: (stack id, level, caller, caller_function), the names' string ids from
+    the call-site table (``callers``, ``funcs``), -1 for a site outside it (or past the
+    ``known`` sites)."""
+    out = array("q")
+    lim = min(known, len(callers), len(funcs))
+    for s in range(k, n):
+        chain: list[int] = []
+        cur = s
+        while 0 <= cur < n and len(chain) <= n:  # (len <= n: no cycle)
+            chain.append(outer[cur])
+            cur = inner[cur]
+        level = 0
+        for site in reversed(chain):
+            if 0 <= site < lim:
+                out.extend((s, level, int(callers[site]), int(funcs[site])))
+            else:
+                out.extend((s, level, -1, -1))
+            level += 1
+    return out
+
+
 class _Strings:
     """records.strings as UTF-8, for string columns made from string ids in bulk: a list of
     the encoded strings (index 0: b"", for null; id i at i + 1) and an int64 array of their
@@ -837,23 +887,29 @@ class _Strings:
     def __init__(self) -> None:
         self.count = 0
         self.items: list[bytes] = [b""]  # b"", then each string's UTF-8 bytes
-        self.lens: Any = None  # int64 array: their lengths
+        self.lens: Any = None  # int64 array: their lengths (lengths(); lens_n of them set)
+        self.lens_n = 0
 
     def refresh(self) -> None:
-        import numpy as np
-
         n = len(records.strings)
         if n == self.count:
             return
-        if self.lens is None or len(self.lens) < n + 1:
-            lens = np.zeros(max(2 * (n + 1), 1024), dtype=np.int64)
-            if self.lens is not None:
-                lens[: self.count + 1] = self.lens[: self.count + 1]
-            self.lens = lens
-        new = [t.encode("utf-8", "replace") for t in records.strings[self.count : n]]
-        self.items.extend(new)  # once per string; their lengths in one assignment
-        self.lens[self.count + 1 : n + 1] = list(map(len, new))
+        self.items.extend([t.encode("utf-8", "replace") for t in records.strings[self.count : n]])
         self.count = n
+
+    def lengths(self, np: Any) -> Any:
+        """The int64 array of the items' lengths (the Python twin of :meth:`gather` takes
+        them; the native core's utf8_column needs none), brought up to date here."""
+        have, n = self.lens_n, len(self.items)
+        if have < n:
+            if self.lens is None or len(self.lens) < n:
+                lens = np.zeros(max(2 * n, 1024), dtype=np.int64)
+                if self.lens is not None:
+                    lens[:have] = self.lens[:have]
+                self.lens = lens
+            self.lens[have:n] = list(map(len, self.items[have:n]))  # in one assignment
+            self.lens_n = n
+        return self.lens
 
     def _one(self, np: Any, sid: int, n: int) -> Any:
         """The utf8 column of string id ``sid`` in each of ``n`` rows (-1: nulls)."""
@@ -876,7 +932,7 @@ class _Strings:
         lo, hi = int(ids.min()), int(ids.max())
         if lo == hi:
             return self._one(np, lo, n)
-        offsets, data = A.taken(np, self.items, self.lens, ids + 1)  # null (-1) -> b""
+        offsets, data = A.taken(np, self.items, self.lengths(np), ids + 1)  # null (-1) -> b""
         return A.strings(np, offsets, data, ids >= 0 if lo < 0 else None)
 
 

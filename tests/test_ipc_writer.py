@@ -902,3 +902,43 @@ def test_field_ranges_and_missing_ids_agree_with_numpy() -> None:
         nat.field_ranges(recs.tobytes(), op_dt.itemsize, [records.OP_AT["op"]])  # not a tuple
     with pytest.raises(TypeError):
         nat.field_ranges(recs.tobytes(), op_dt.itemsize, ((0,),))
+
+
+@needs_native
+def test_a_few_new_stacks_native_records_give_the_numpy_paths_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer._stacks_batch for a few new stacks: the native path (_stack_records_few and
+    record_columns) writes the bytes of the NumPy path (_stack_rows_few and the arrowipc
+    columns), names included, a site past the call-site table a null."""
+    import sys
+
+    from pprobe import core, recorder
+    from pprobe.writer import Writer, _stack_records_few, _stack_rows_few
+
+    code = sys._getframe().f_code
+    s = -1
+    for line in range(1, 4):  # a stack three frames deep, and its inner stacks
+        s = recorder._stack_id(s, recorder._site_id(code, 10_000 + line))
+    n = len(recorder.stack_inner)
+    k = max(0, n - 20)
+    got = []
+    for nat in (_native_mod(), None):
+        monkeypatch.setattr(core, "native", nat)
+        w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
+        w._stacks_done = k
+        batch = w._stacks_batch()
+        assert batch is not None and batch.num_rows >= 3
+        got.append(b"".join(bytes(p) for p in A.batch_message(batch)))
+        assert w._stacks_done == n
+    assert got[0] == got[1]
+    # a site outside the table: nulls, as the NumPy path's
+    inner, outer = recorder.stack_inner, recorder.stack_outer
+    callers = np.arange(5, dtype=np.int64) + 100
+    recs = _stack_records_few(inner, outer, k, n, callers, callers + 50, 3)
+    ids, levels, sites = _stack_rows_few(np, inner, outer, k, n)
+    rows = np.frombuffer(recs.tobytes(), dtype=np.int64).reshape(-1, 4)
+    assert rows[:, 0].tolist() == ids.tolist() and rows[:, 1].tolist() == levels.tolist()
+    ok = (sites >= 0) & (sites < 3)
+    assert rows[:, 2].tolist() == np.where(ok, callers[np.where(ok, sites, 0)], -1).tolist()
+    assert rows[:, 3].tolist() == np.where(ok, callers[np.where(ok, sites, 0)] + 50, -1).tolist()
