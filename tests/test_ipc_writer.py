@@ -942,3 +942,23 @@ def test_a_few_new_stacks_native_records_give_the_numpy_paths_batch(
     ok = (sites >= 0) & (sites < 3)
     assert rows[:, 2].tolist() == np.where(ok, callers[np.where(ok, sites, 0)], -1).tolist()
     assert rows[:, 3].tolist() == np.where(ok, callers[np.where(ok, sites, 0)] + 50, -1).tolist()
+
+
+@needs_native
+def test_bytes_column_native_and_numpy_give_the_same_buffers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """arrowipc.bytes_column (a dictionary message's strings): the native core's
+    utf8_column and the NumPy twin give the same offsets and data, no string included."""
+    from pprobe import core
+
+    cases: list[list[bytes]] = [[], [b""], [b"a", b"", "é".encode(), b"xyz" * 50], _DICT[3:]]
+    for items in cases:
+        got = []
+        for nat in (_native_mod(), None):
+            monkeypatch.setattr(core, "native", nat)
+            col = A.bytes_column(np, items)
+            assert (col.length, col.null_count, col.buffers[0]) == (len(items), 0, None)
+            got.append([bytes(b) for b in col.buffers[1:]])
+        assert got[0] == got[1], items
+        assert got[0][1] == b"".join(items)
