@@ -49,6 +49,8 @@ _DESCF = {k: (k, *v) for k, v in records.DESC_AT.items()}
 _OP_SIZE, _DESC_SIZE = records.OP_SIZE, records.DESC_SIZE
 _THREAD_AT = (records.OP_AT["thread"],)
 _OP_AT_OP = records.OP_AT["op"]
+_UNNAMED = struct.pack("=q", -2)  # an op table's entry for an op not named yet
+_NO_SITES = (array("q", [-1]), array("q", [-1]))  # the site table before any site
 _ARGS_AT = records.OP_AT["args"][0]
 _NDIM_AT, _D0_AT = records.DESC_AT["ndim"][0], records.DESC_AT["d0"][0]
 _OBJECT_AT = tuple(records.DESC_AT[f] for f in ("stats", "path", "note"))
@@ -164,7 +166,7 @@ class Writer:
         }
         self._strings = _Strings()
         self._ops_sids: tuple | None = None
-        self._sites_sids: tuple = ((), ())
+        self._sites_sids: tuple = (array("q"), array("q"))
         self._stacks_done = 0  # stacks (recorder.stack_inner) written to this process's shard
         self._args_cache: dict[Any, bytes] = {}
         self._args_ids: dict[int, tuple] = {}  # id(set) -> (set, text): native.arg_column
@@ -411,6 +413,9 @@ class Writer:
         # Per op index and per call site: string ids, named as ops and sites appear.
         op_ids = self._op_table(np, heads, ops)
         site_ids = self._site_table(np)
+        if native is None:  # NumPy's fancy indexing (arrowipc.dict_take) takes arrays
+            op_ids = tuple(np.frombuffer(c, np.int64) for c in op_ids)
+            site_ids = tuple(np.frombuffer(c, np.int64) for c in site_ids)
         # Thread names: per distinct thread serial (state.thread_names).
         thr_inv: Any = None  # (one thread: every row's is thread_sids[0])
         if native is not None and n:  # one pass in C, no NumPy call: one thread?
@@ -720,7 +725,7 @@ class Writer:
         else:
             ids, levels, site = _stack_rows(np, inner, outer, k, n)
         self._stacks_done = max(n, k)
-        site_ids = self._site_table(np)
+        site_ids = [np.frombuffer(c, np.int64) for c in self._site_table(np)]
         ok = (site >= 0) & (site < len(recorder.sites)) & (site < len(site_ids[0]))
         safe = np.where(ok, site, 0)
         self._strings.refresh()
@@ -742,11 +747,15 @@ class Writer:
         known = len(recorder.ops_by_index)
         t = self._ops_sids
         if t is None or len(t[0]) < known:
-            # one (4, capacity) array, its rows the columns: one NumPy call a growth, and
-            # room for twice the ops known (the probe registers ops as the program meets them)
-            grown = np.full((4, max(2 * known, 1024)), -2, dtype=np.int64)
-            if t is not None:
-                grown[:, : len(t[0])] = t
+            # four int64 arrays (array.array: made and grown by a C repeat, no NumPy call),
+            # with room for twice the ops known (the probe registers ops as the program meets
+            # them); -2 for an op not named yet
+            cap = max(2 * known, 1024)
+            grown = []
+            for j in range(4):
+                col = array("q") if t is None else array("q", t[j])
+                col.frombytes(_UNNAMED * (cap - len(col)))
+                grown.append(col)
             t = self._ops_sids = tuple(grown)
         native = core.native
         need: Any = ()
@@ -754,37 +763,40 @@ class Writer:
             need = native.missing_ids(heads, _OP_SIZE, *_OP_AT_OP, t[0], -2)
         elif len(ops):
             op_index = ops["op"]
-            unnamed = op_index[t[0][op_index] == -2]
+            unnamed = op_index[np.frombuffer(t[0], np.int64)[op_index] == -2]
             if len(unnamed):  # (not np.unique: it imports numpy.ma; no negative index)
                 unnamed = unnamed[unnamed >= 0]
                 seen = np.zeros(known, dtype=bool)
                 seen[unnamed] = True
                 need = np.flatnonzero(seen).tolist()
-        if need:
-            named = list(map(recorder.ops_by_index.__getitem__, need))
+        if need:  # each op once per process
             sid, opt = records.sid, records.sid_or_none
-            # each op once per process; each column in one assignment
-            t[0][need] = [sid(o.framework) for o in named]
-            t[1][need] = [sid(o.name) for o in named]
-            t[2][need] = [sid(o.kind) for o in named]
-            t[3][need] = [opt(o.ufunc) for o in named]
+            fw, name, kind, uf = t
+            for i in need:
+                o = recorder.ops_by_index[i]
+                fw[i], name[i], kind[i], uf[i] = (
+                    sid(o.framework),
+                    sid(o.name),
+                    sid(o.kind),
+                    opt(o.ufunc),
+                )
         return t
 
     def _site_table(self, np: Any) -> tuple:
-        """(caller, caller_function) string ids per call-site index (recorder.sites)."""
+        """(caller, caller_function) string ids per call-site index (recorder.sites): two
+        int64 arrays (array.array: extended in place as sites appear, no NumPy call; the
+        native core's passes read them as buffers, NumPy through np.frombuffer)."""
         sites = recorder.sites
         t = self._sites_sids
         k = len(t[0])
         if k < len(sites):
             new = sites[k : len(sites)]
-            callers = [records.sid(f"{code.co_filename}:{line}") for code, line in new]
-            funcs = [records.sid(getattr(code, "co_qualname", code.co_name)) for code, _ in new]
-            t = self._sites_sids = (
-                np.concatenate([np.asarray(t[0], np.int64), np.array(callers, np.int64)]),
-                np.concatenate([np.asarray(t[1], np.int64), np.array(funcs, np.int64)]),
+            t[0].extend([records.sid(f"{code.co_filename}:{line}") for code, line in new])
+            t[1].extend(
+                [records.sid(getattr(code, "co_qualname", code.co_name)) for code, _ in new]
             )
         if not len(t[0]):
-            return (np.full(1, -1, dtype=np.int64), np.full(1, -1, dtype=np.int64))
+            return _NO_SITES
         return t
 
 

@@ -597,7 +597,7 @@ def test_ops_are_named_only_when_a_batch_has_them(
 
     w = Writer(str(tmp_path), "run1", "host", 100, 1.0)
     t = w._op_table(np, *heads([3, 7, 3]))
-    named = np.flatnonzero(t[0] != -2)
+    named = np.flatnonzero(np.asarray(t[0]) != -2)
     assert named.tolist() == [3, 7]
     assert [records.strings[t[1][i]] for i in (3, 7)] == [
         recorder.ops_by_index[3].name,
@@ -605,9 +605,9 @@ def test_ops_are_named_only_when_a_batch_has_them(
     ]
     assert records.strings[t[2][3]] == "function" and records.strings[t[0][7]] == "numpy"
     t = w._op_table(np, *heads([9, 3, -1]))  # (a negative index names nothing)
-    assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
+    assert np.flatnonzero(np.asarray(t[0]) != -2).tolist() == [3, 7, 9]
     t = w._op_table(np, *heads([]))
-    assert np.flatnonzero(t[0] != -2).tolist() == [3, 7, 9]
+    assert np.flatnonzero(np.asarray(t[0]) != -2).tolist() == [3, 7, 9]
 
 
 def test_a_few_new_stacks_walked_one_by_one_give_the_same_rows_as_the_bulk_walk() -> None:
