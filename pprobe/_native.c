@@ -5564,6 +5564,133 @@ done:
     return out;
 }
 
+/* desc_log_columns(descs, size, at, Column, Const) -> (seq, role, idx, (shape offsets,
+   shape values), dtype, device, grad, (max stats, max path, max note)) or None: the tensors
+   batch's columns that come from the desc records (record_columns' RC_INT seq, RC_INDEX role,
+   idx, dtype and device, RC_BOOL grad; shape_lists' shapes) and the greatest stats, path and
+   note fields (field_ranges'), in one pass over the records instead of one per field: a
+   flush's records are read from memory the recording thread wrote (cold here), and a desc
+   record is 160 bytes, so each pass cost ~2-3 cache lines a record. The same columns as
+   those calls (tests/test_ipc_writer.py compares them). None where a record's ndim is not
+   within 0 and MAX_INLINE_DIMS (a deep shape: the writer's general path). at: the byte
+   offsets of (seq, role, idx, ndim, d0, dtype, device, grad, stats, path, note): seq an
+   int64, d0 the first of MAX_INLINE_DIMS int64s, the others int32. */
+enum { DL_SEQ, DL_ROLE, DL_IDX, DL_NDIM, DL_D0, DL_DTYPE, DL_DEVICE, DL_GRAD, DL_STATS, DL_PATH,
+       DL_NOTE, DL_N };
+
+static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != DL_N) {
+        PyErr_SetString(PyExc_TypeError,
+                        "desc_log_columns(descs, size, at: 11 offsets, Column, Const)");
+        return NULL;
+    }
+    if (!PyType_Check(args[3]) || !PyType_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "desc_log_columns: Column and Const must be classes");
+        return NULL;
+    }
+    if (ipc_names() < 0) return NULL;
+    Py_buffer rb;
+    Recs r;
+    if (recs_open(args[0], args[1], &rb, &r) < 0) return NULL;
+    r.column = args[3];
+    r.constt = args[4];
+    Py_ssize_t at[DL_N];
+    for (int j = 0; j < DL_N; j++) {
+        at[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
+        if (at[j] == -1 && PyErr_Occurred()) {
+            PyBuffer_Release(&rb);
+            return NULL;
+        }
+        Py_ssize_t w = j == DL_SEQ ? 8 : j == DL_D0 ? 8 * MAX_INLINE_DIMS : 4;
+        if (at[j] < 0 || at[j] + w > r.itemsize) {
+            PyBuffer_Release(&rb);
+            PyErr_SetString(PyExc_ValueError, "desc_log_columns: a field outside the record");
+            return NULL;
+        }
+    }
+    const Py_ssize_t n = r.n;
+    PyObject *out = NULL, *seq = NULL, *offsets = NULL, *values = NULL;
+    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL, *bitmap = NULL, *bits = NULL;
+    /* the int32 fields, gathered contiguous: role, idx, dtype, device, grad */
+    static const int small[5] = {DL_ROLE, DL_IDX, DL_DTYPE, DL_DEVICE, DL_GRAD};
+    int32_t *gathered = PyMem_Malloc((size_t)(n ? n : 1) * 5 * sizeof(int32_t));
+    int64_t *dims = PyMem_Malloc((size_t)(n ? n : 1) * MAX_INLINE_DIMS * sizeof(int64_t));
+    seq = PyBytes_FromStringAndSize(NULL, n * 8);
+    offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    if (!gathered || !dims) PyErr_NoMemory();
+    if (!gathered || !dims || !seq || !offsets) goto done;
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *sq = PyBytes_AS_STRING(seq);
+    int32_t hi[3] = {INT32_MIN, INT32_MIN, INT32_MIN};
+    int64_t total = 0;
+    off[0] = 0;
+    for (Py_ssize_t k = 0; k < n; k++) { /* the one pass over the records */
+        const char *rec = r.base + k * r.itemsize;
+        int32_t nd, x;
+        memcpy(&nd, rec + at[DL_NDIM], 4);
+        if (nd < 0 || nd > MAX_INLINE_DIMS) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        memcpy(sq + 8 * k, rec + at[DL_SEQ], 8);
+        for (int j = 0; j < 5; j++) memcpy(gathered + (size_t)j * n + k, rec + at[small[j]], 4);
+        for (int j = 0; j < 3; j++) {
+            memcpy(&x, rec + at[DL_STATS + j], 4);
+            hi[j] = x > hi[j] ? x : hi[j];
+        }
+        memcpy(dims + total, rec + at[DL_D0], 8 * (size_t)nd);
+        total += nd;
+        if (total >= ((int64_t)1 << 31)) {
+            PyErr_SetString(PyExc_ValueError, "a shape column of 2**31 values or more in one batch");
+            goto done;
+        }
+        off[k + 1] = (int32_t)total;
+    }
+    values = PyBytes_FromStringAndSize((const char *)dims, (Py_ssize_t)total * 8);
+    if (!values) goto done;
+    for (int j = 0; j < 4; j++) { /* role, idx, dtype, device: record_columns' RC_INDEX */
+        const Ids v = {(const char *)(gathered + (size_t)j * n), 4, 0};
+        if (!(cols[j] = rc_dict(&r, &v))) goto done;
+    }
+    { /* grad: record_columns' RC_BOOL */
+        const Ids g = {(const char *)(gathered + (size_t)4 * n), 4, 0};
+        Py_ssize_t k = 0;
+        if (rc_valid(&r, &g, &bitmap, &k) < 0) goto done;
+        if (k == n && n) {
+            Py_CLEAR(bitmap);
+            grad = rc_nulls_of(&r, "bool");
+        } else {
+            bits = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+            if (!bits) goto done;
+            uint8_t *b = (uint8_t *)PyBytes_AS_STRING(bits);
+            memset(b, 0, (size_t)(n + 7) / 8);
+            for (Py_ssize_t i = 0; i < n; i++) b[i >> 3] |= (uint8_t)((id_at(&g, i) == 1) << (i & 7));
+            grad = rc_column(&r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), bits, NULL);
+            bitmap = bits = NULL;
+        }
+        if (!grad) goto done;
+    }
+    PyObject *seqc = rc_column(&r, 0, 2, Py_NewRef(Py_None), seq, NULL);
+    seq = NULL;
+    if (!seqc) goto done;
+    out = Py_BuildValue("(N N N (OO) N N N (iii))", seqc, cols[0], cols[1], offsets, values,
+                        cols[2], cols[3], grad, hi[0], hi[1], hi[2]);
+    for (int j = 0; j < 4; j++) cols[j] = NULL; /* (stolen by N, on failure too) */
+    grad = NULL;
+done:
+    PyMem_Free(gathered);
+    PyMem_Free(dims);
+    Py_XDECREF(seq);
+    Py_XDECREF(offsets);
+    Py_XDECREF(values);
+    for (int j = 0; j < 4; j++) Py_XDECREF(cols[j]);
+    Py_XDECREF(grad);
+    Py_XDECREF(bitmap);
+    Py_XDECREF(bits);
+    PyBuffer_Release(&rb);
+    return out;
+}
+
 /* ------------------------------------------------------------------ Arrow IPC messages
  * The native twins of pprobe/arrowipc.py's schema_message, batch_message and lz4_periodic
  * (and safefs.write_all_v's writev loop): the same bytes, without a Python call per buffer.
@@ -6309,6 +6436,9 @@ static PyMethodDef methods[] = {
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
+    {"desc_log_columns", (PyCFunction)(void (*)(void))desc_log_columns, METH_FASTCALL,
+     "desc_log_columns(descs, size, at, Column, Const) -> the tensors batch's record columns "
+     "and the greatest stats, path and note fields, in one pass; None: a deep shape"},
     {"field_ranges", (PyCFunction)(void (*)(void))field_ranges, METH_FASTCALL,
      "field_ranges(recs, itemsize, fields) -> [(min, max), ...] or None (no record)"},
     {"missing_ids", (PyCFunction)(void (*)(void))missing_ids, METH_FASTCALL,

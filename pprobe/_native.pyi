@@ -126,6 +126,12 @@ def arg_texts(
 def shape_lists(
     records: Any, size: int, ndim_at: int, dims_at: int
 ) -> tuple[bytes, bytes] | None: ...
+def desc_log_columns(
+    descs: Any, size: int, at: tuple[int, ...], column: type, const: type, /
+) -> tuple[Any, ...] | None:
+    """The tensors batch's record columns (seq, role, idx, (shape offsets, values), dtype,
+    device, grad) and (max stats, max path, max note), in one pass; None: a deep shape."""
+
 def field_ranges(
     recs: Any, itemsize: int, fields: tuple[tuple[int, str], ...], /
 ) -> list[tuple[int, int]] | None:

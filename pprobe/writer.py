@@ -53,6 +53,23 @@ _UNNAMED = struct.pack("=q", -2)  # an op table's entry for an op not named yet
 _NO_SITES = (array("q", [-1]), array("q", [-1]))  # the site table before any site
 _ARGS_AT = records.OP_AT["args"][0]
 _NDIM_AT, _D0_AT = records.DESC_AT["ndim"][0], records.DESC_AT["d0"][0]
+#: the native core's desc_log_columns' fields, in its order
+_DESC_LOG_AT = tuple(
+    records.DESC_AT[f][0]
+    for f in (
+        "seq",
+        "role",
+        "idx",
+        "ndim",
+        "d0",
+        "dtype",
+        "device",
+        "grad",
+        "stats",
+        "path",
+        "note",
+    )
+)
 _OBJECT_AT = tuple(records.DESC_AT[f] for f in ("stats", "path", "note"))
 #: The tensors batch's columns past ``grad`` when no row has statistics, a dump or a note.
 _NO_OBJECT_COLUMNS = (
@@ -484,8 +501,13 @@ class Writer:
             None if native is not None and m else np.frombuffer(descs, records.numpy_dtypes()[1])
         )
         obj_cols: Any = _NO_OBJECT_COLUMNS  # log mode: no statistics, dump or note
+        fused: Any = None  # the record columns and the checks in one pass (None: a deep shape)
+        if native is not None and ds is None:
+            fused = native.desc_log_columns(descs, _DESC_SIZE, _DESC_LOG_AT, A.Column, A.Const)
         if m:
-            if native is not None:  # one pass in C each, no NumPy call
+            if fused is not None:
+                stats_max, path_max, note_max = fused[7]
+            elif native is not None:  # one pass in C each, no NumPy call
                 stats_max, path_max, note_max = (
                     hi for _, hi in native.field_ranges(descs, _DESC_SIZE, _OBJECT_AT)
                 )
@@ -496,17 +518,26 @@ class Writer:
                 stats_max != records.STATS_NONE  # statistics (inline, or on a device)
                 or (objs and max(path_max, note_max) >= 0)  # dumps, notes
             ):
+                fused = None  # (the general path below)
                 if ds is None:
                     ds = np.frombuffer(descs, records.numpy_dtypes()[1])
                 obj_cols = self._object_columns(np, ds, objs, ds["stats"])
+        head = [(RC_REPEAT, self.run_id.encode("utf-8", "replace")), (RC_CONST, 8, self.pid)]
+        if native is not None and fused is not None:  # log mode's columns, made above
+            cols = native.record_columns(descs, _DESC_SIZE, [*head, *obj_cols], A.Column, A.Const)
+            offsets, values = fused[3]
+            shape_col = A.Column(
+                m, 0, [None, offsets], A.Column(len(values) // 8, 0, [None, values])
+            )
+            t_cols = [*cols[:2], *fused[:3], shape_col, *fused[4:7], *cols[2:]]
+            return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
         shapes = _shapes(np, A, descs, m, objs)
         if shapes is None:  # deep shapes: NumPy's path
             if ds is None:
                 ds = np.frombuffer(descs, records.numpy_dtypes()[1])
             shapes = _py_shapes(np, A, ds, objs)
         t_specs = [
-            (RC_REPEAT, self.run_id.encode("utf-8", "replace")),
-            (RC_CONST, 8, self.pid),
+            *head,
             (RC_INT, *_DESCF["seq"], 8, 0, False),
             (RC_INDEX, *_DESCF["role"]),
             (RC_INDEX, *_DESCF["idx"]),

@@ -962,3 +962,56 @@ def test_bytes_column_native_and_numpy_give_the_same_buffers(
             got.append([bytes(b) for b in col.buffers[1:]])
         assert got[0] == got[1], items
         assert got[0][1] == b"".join(items)
+
+
+@needs_native
+def test_desc_log_columns_are_the_record_columns_of_each_field() -> None:
+    """The native core's desc_log_columns (the tensors batch's record columns and the
+    stats/path/note maxima in one pass) against record_columns, shape_lists and
+    field_ranges over the same desc records: nulls, one value in every row, every grad,
+    ranks 0 to MAX_INLINE_DIMS; a deeper shape gives None."""
+    from pprobe import records
+    from pprobe import writer as W
+
+    nat = _native_mod()
+    _, desc_dt = records.numpy_dtypes()
+    size = desc_dt.itemsize
+    rng = np.random.default_rng(11)
+
+    def cols(c: object) -> list:
+        if isinstance(c, tuple):
+            return [bytes(b) for b in c]
+        return [c.length, c.null_count, [None if b is None else bytes(b) for b in c.buffers]]
+
+    specs = [(W.RC_INT, *W._DESCF["seq"], 8, 0, False),
+             *((W.RC_INDEX, *W._DESCF[f]) for f in ("role", "idx", "dtype", "device")),
+             (W.RC_BOOL, *W._DESCF["grad"])]  # fmt: skip
+    for n in (1, 2, 9, 300):
+        for same in (False, True):
+            ds = np.zeros(n, dtype=desc_dt)
+            ds["seq"] = rng.integers(0, 2**40, n)
+            for f in ("role", "idx", "dtype", "device", "stats", "path", "note"):
+                ds[f] = 3 if same else rng.integers(-2, 6, n)
+            ds["grad"] = 1 if same else rng.integers(-1, 2, n)
+            ds["ndim"] = rng.integers(0, records.MAX_INLINE_DIMS + 1, n)
+            for i in range(records.MAX_INLINE_DIMS):
+                ds[f"d{i}"] = rng.integers(0, 1000, n)
+            b = ds.tobytes()
+            got = nat.desc_log_columns(b, size, W._DESC_LOG_AT, A.Column, A.Const)
+            want = nat.record_columns(b, size, specs, A.Column, A.Const)
+            seq, role, idx, shape, dtype, device, grad, maxes = got
+            assert [cols(c) for c in (seq, role, idx, dtype, device, grad)] == [
+                cols(c) for c in want
+            ]
+            at = (W._NDIM_AT, W._D0_AT)
+            assert cols(shape) == cols(nat.shape_lists(b, size, *at))
+            ranges = nat.field_ranges(b, size, W._OBJECT_AT)
+            assert list(maxes) == [hi for _, hi in ranges]
+            ds["ndim"][n // 2] = records.MAX_INLINE_DIMS + 1  # a deep shape
+            assert (
+                nat.desc_log_columns(ds.tobytes(), size, W._DESC_LOG_AT, A.Column, A.Const) is None
+            )
+    with pytest.raises(ValueError, match="outside the record"):
+        nat.desc_log_columns(b, size, (size,) * 11, A.Column, A.Const)
+    with pytest.raises(TypeError):
+        nat.desc_log_columns(b, size, W._DESC_LOG_AT[:5], A.Column, A.Const)
