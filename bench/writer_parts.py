@@ -10,7 +10,10 @@ earlier commit's ``git worktree``, to compare before and after) in log mode. The
 the writer's flush and its helpers (``Writer._to_batches``, ``_args``, ``_shapes``, the
 string columns: ``_Strings.gather``, and ``arrowipc.dict_indices`` where the tree has it;
 ``record_columns``, the fixed columns' one call, where the tree has it (the dictionary
-columns it makes are not in ``strings`` then); ``_op_table``, ``_site_table``,
+columns it makes are not in ``strings`` then); ``_desc_columns``, the desc records' columns,
+shapes and checks in one native pass, where the tree has it (``record_columns`` and
+``shapes`` then hold only the tensors batch's constant columns, or a general batch's:
+statistics, dumps, notes, deep shapes); ``_op_table``, ``_site_table``,
 ``_stacks_batch``, ``_write``) and sums the calling thread's CPU clock
 (``time.thread_time``) spent in each, then divides by the op rows written. The flushes run
 as in a real run (``PPROBE_FLUSH_SECONDS`` at its default, batches of
@@ -70,6 +73,8 @@ for obj, name in ((W.Writer, "_flush"), (W.Writer, "_to_batches"), (W.Writer, "_
     wrap(obj, name, name.lstrip("_"))
 if hasattr(W, "record_columns"):  # trees since the fixed columns' one call
     wrap(W, "record_columns", "record_columns")
+if hasattr(W, "_desc_columns"):  # trees since the desc records' one pass
+    wrap(W, "_desc_columns", "desc_columns")
 workload, iters = sys.argv[1], int(sys.argv[2])
 import numpy as np
 
@@ -105,8 +110,8 @@ n = w.rows_written
 print("RESULT " + json.dumps({"rows": n, "us_per_row": {k: v / n * 1e6 for k, v in acc.items()}}))
 """
 
-PARTS = ("flush", "to_batches", "record_columns", "args", "shapes", "strings", "op_table",
-         "site_table", "stacks_batch", "write")  # fmt: skip
+PARTS = ("flush", "to_batches", "record_columns", "desc_columns", "args", "shapes", "strings",
+         "op_table", "site_table", "stacks_batch", "write")  # fmt: skip
 
 
 def measure(tree: str, workload: str, iters: int, engine: str, out: str) -> dict:

@@ -84,11 +84,14 @@ _NO_OBJECT_COLUMNS = (
 )
 
 
-def record_columns(np: Any, recs: Any, specs: list) -> list:
+def record_columns(np: Any, recs: Any, specs: list, itemsize: int = 0) -> list:
     """The columns ``specs`` describe (pprobe/_native.c record_columns), over ``recs``, a
     record buffer as a structured array: the native core's one call where it runs, else
-    :func:`py_record_columns`, the same columns."""
+    :func:`py_record_columns`, the same columns. With ``itemsize``, ``recs`` is the records'
+    bytes, for the native core only (no structured array made)."""
     native = core.native
+    if itemsize and native is not None:
+        return native.record_columns(recs, itemsize, specs, A.Column, A.Const)  # type: ignore[no-any-return]
     if native is not None and len(recs):
         return native.record_columns(recs, recs.dtype.itemsize, specs, A.Column, A.Const)  # type: ignore[no-any-return]
     return py_record_columns(np, recs, specs)
@@ -488,7 +491,7 @@ class Writer:
             (RC_INT, *_OPF["site"], 8, 0, True),  # the stack id (null: no site)
         ]  # fmt: skip
         if native is not None and ops is None and n:
-            ops_cols = native.record_columns(heads, _OP_SIZE, ops_specs, A.Column, A.Const)
+            ops_cols = record_columns(np, heads, ops_specs, _OP_SIZE)
         else:
             if ops is None:
                 ops = np.frombuffer(heads, records.numpy_dtypes()[0])
@@ -503,7 +506,7 @@ class Writer:
         obj_cols: Any = _NO_OBJECT_COLUMNS  # log mode: no statistics, dump or note
         fused: Any = None  # the record columns and the checks in one pass (None: a deep shape)
         if native is not None and ds is None:
-            fused = native.desc_log_columns(descs, _DESC_SIZE, _DESC_LOG_AT, A.Column, A.Const)
+            fused = _desc_columns(native, descs)
         if m:
             if fused is not None:
                 stats_max, path_max, note_max = fused[7]
@@ -524,18 +527,14 @@ class Writer:
                 obj_cols = self._object_columns(np, ds, objs, ds["stats"])
         head = [(RC_REPEAT, self.run_id.encode("utf-8", "replace")), (RC_CONST, 8, self.pid)]
         if native is not None and fused is not None:  # log mode's columns, made above
-            cols = native.record_columns(descs, _DESC_SIZE, [*head, *obj_cols], A.Column, A.Const)
+            cols = record_columns(np, descs, [*head, *obj_cols], _DESC_SIZE)
             offsets, values = fused[3]
             shape_col = A.Column(
                 m, 0, [None, offsets], A.Column(len(values) // 8, 0, [None, values])
             )
             t_cols = [*cols[:2], *fused[:3], shape_col, *fused[4:7], *cols[2:]]
             return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
-        shapes = _shapes(np, A, descs, m, objs)
-        if shapes is None:  # deep shapes: NumPy's path
-            if ds is None:
-                ds = np.frombuffer(descs, records.numpy_dtypes()[1])
-            shapes = _py_shapes(np, A, ds, objs)
+        shapes, ds = _shapes(np, A, descs, m, objs, ds)
         t_specs = [
             *head,
             (RC_INT, *_DESCF["seq"], 8, 0, False),
@@ -548,7 +547,7 @@ class Writer:
             *obj_cols,
         ]
         if native is not None and ds is None:
-            t_cols = native.record_columns(descs, _DESC_SIZE, t_specs, A.Column, A.Const)
+            t_cols = record_columns(np, descs, t_specs, _DESC_SIZE)
         else:
             t_cols = record_columns(np, ds, t_specs)
         return ops_batch, A.Batch(logschema.TENSORS, m, t_cols, strs.items)
@@ -749,7 +748,7 @@ class Writer:
                 *_STACK_SPECS,
             ]
             m = len(recs) // 4
-            cols = native.record_columns(recs, 32, specs, A.Column, A.Const)
+            cols = record_columns(np, recs, specs, 32)
             return A.Batch(logschema.STACKS, m, cols, self._strings.items)
         if n - k <= _FEW_STACKS:
             ids, levels, site = _stack_rows_few(np, inner, outer, k, n)
@@ -1053,20 +1052,29 @@ def _stat_floats(np: Any, A: Any, v: Any, valid: Any) -> Any:
     return A.floats(np, v, valid & (v == v))
 
 
-def _shapes(np: Any, A: Any, descs: bytes, m: int, objs: list) -> Any:
-    """The ``m`` desc records' shapes -> list<int64>: inline dimensions, or packed bytes
-    beyond records.MAX_INLINE_DIMS (values.pack_shape). All inline: the native core's
-    shape_lists (one pass in C over the bytes, no NumPy call); None otherwise (a deep shape
-    in the batch, or the Python engine): :func:`_py_shapes`."""
+def _desc_columns(native: Any, descs: bytes) -> Any:
+    """The native core's desc_log_columns over ``descs``: the tensors batch's columns from
+    the desc records and the greatest stats, path and note fields, in one pass (None: a
+    deep shape)."""
+    return native.desc_log_columns(descs, _DESC_SIZE, _DESC_LOG_AT, A.Column, A.Const)
+
+
+def _shapes(np: Any, A: Any, descs: bytes, m: int, objs: list, ds: Any) -> tuple[Any, Any]:
+    """(the ``m`` desc records' shapes -> list<int64>, ``ds``): inline dimensions, or packed
+    bytes beyond records.MAX_INLINE_DIMS (values.pack_shape). All inline: the native core's
+    shape_lists (one pass in C over the bytes, no NumPy call); otherwise (a deep shape in the
+    batch, or the Python engine) :func:`_py_shapes` over ``ds``, the records' structured
+    array (made here when None, and returned)."""
     native = core.native
-    if native is None or not m:
-        return None
-    got = native.shape_lists(descs, _DESC_SIZE, _NDIM_AT, _D0_AT)
-    if got is None:  # (a deep shape in the batch)
-        return None
-    offsets, values = got
-    child = A.Column(len(values) // 8, 0, [None, values])
-    return A.Column(m, 0, [None, offsets], child)
+    if native is not None and m:
+        got = native.shape_lists(descs, _DESC_SIZE, _NDIM_AT, _D0_AT)
+        if got is not None:  # (None: a deep shape in the batch)
+            offsets, values = got
+            child = A.Column(len(values) // 8, 0, [None, values])
+            return A.Column(m, 0, [None, offsets], child), ds
+    if ds is None:
+        ds = np.frombuffer(descs, records.numpy_dtypes()[1])
+    return _py_shapes(np, A, ds, objs), ds
 
 
 def _py_shapes(np: Any, A: Any, ds: Any, objs: list) -> Any:
