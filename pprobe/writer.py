@@ -865,21 +865,29 @@ def _stack_rows(np: Any, inner: Any, outer: Any, k: int, n: int) -> tuple[Any, A
     return ids, levels, site
 
 
+def _chain_sites(inner: Any, outer: Any, s: int, n: int) -> list[int]:
+    """Stack ``s``'s sites by level (0 first): its chain of ``inner`` links walked, each
+    link's ``outer`` site, reversed (at most ``n`` links: no cycle)."""
+    chain: list[int] = []
+    cur = s
+    while 0 <= cur < n and len(chain) <= n:
+        chain.append(outer[cur])
+        cur = inner[cur]
+    chain.reverse()
+    return chain
+
+
 def _stack_rows_few(np: Any, inner: Any, outer: Any, k: int, n: int) -> tuple[Any, Any, Any]:
     """:func:`_stack_rows` chain by chain, for a few new stacks."""
     ids: list[int] = []
     levels: list[int] = []
     sites: list[int] = []
     for s in range(k, n):
-        chain: list[int] = []
-        cur = s
-        while 0 <= cur < n and len(chain) <= n:  # (len <= n: no cycle)
-            chain.append(outer[cur])
-            cur = inner[cur]
+        chain = _chain_sites(inner, outer, s, n)
         m = len(chain)
         ids += [s] * m
         levels += range(m)
-        sites += reversed(chain)
+        sites += chain
     i64 = np.int64
     return np.array(ids, dtype=i64), np.array(levels, dtype=i64), np.array(sites, dtype=i64)
 
@@ -904,13 +912,8 @@ def _stack_records_few(
     out = array("q")
     lim = min(known, len(callers), len(funcs))
     for s in range(k, n):
-        chain: list[int] = []
-        cur = s
-        while 0 <= cur < n and len(chain) <= n:  # (len <= n: no cycle)
-            chain.append(outer[cur])
-            cur = inner[cur]
         level = 0
-        for site in reversed(chain):
+        for site in _chain_sites(inner, outer, s, n):
             if 0 <= site < lim:
                 out.extend((s, level, int(callers[site]), int(funcs[site])))
             else:

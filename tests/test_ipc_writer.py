@@ -577,15 +577,10 @@ def test_ops_are_named_only_when_a_batch_has_them(
 ) -> None:
     """Writer._op_table names the ops a batch's records point to, and no other: the native
     core's missing_ids over the records, or its NumPy twin."""
-    from pprobe import core, recorder, records
+    from pprobe import recorder, records
     from pprobe.writer import Writer
 
-    if engine == "native":
-        if _native_mod() is None:
-            pytest.skip("the native core is not built")
-        monkeypatch.setattr(core, "native", _native_mod())
-    else:
-        monkeypatch.setattr(core, "native", None)
+    _use_engine(engine, monkeypatch)
     while len(recorder.ops_by_index) < 12:
         recorder.op(f"test.named{len(recorder.ops_by_index)}", "function", "numpy")
     op_dt, _ = records.numpy_dtypes()
@@ -647,6 +642,16 @@ def _native_mod():  # type: ignore[no-untyped-def]
 
 
 needs_native = pytest.mark.skipif(_native_mod() is None, reason="the native core is not built")
+
+
+def _use_engine(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pprobe.core.native for this test: the native core ("native"; skipped where it is not
+    built) or None (the NumPy twins)."""
+    from pprobe import core
+
+    if engine == "native" and _native_mod() is None:
+        pytest.skip("the native core is not built")
+    monkeypatch.setattr(core, "native", _native_mod() if engine == "native" else None)
 
 
 def _joined(pieces: list) -> bytes:
@@ -757,14 +762,8 @@ def test_dict_indices_of_every_kind_of_id_column(
     """arrowipc.dict_indices (the native core's dict_indices, or its NumPy twin): ids + 1
     as int32, null where an id is -1, one id in every row as a Const; on int32 and int64 ids,
     strided as a field of the record buffer is."""
-    from pprobe import core
 
-    if engine == "native":
-        if _native_mod() is None:
-            pytest.skip("the native core is not built")
-        monkeypatch.setattr(core, "native", _native_mod())
-    else:
-        monkeypatch.setattr(core, "native", None)
+    _use_engine(engine, monkeypatch)
     rec = np.zeros(9, dtype=[("a", "<i4"), ("id", "<i8"), ("s", "<i4")])
     cases = [np.array([3, -1, 0, 5, 5], dtype=np.int64), np.array([2, 2, 2], dtype=np.int32),
              np.full(4, -1, dtype=np.int64), np.arange(-1, 700, dtype=np.int64)]  # fmt: skip
