@@ -5155,50 +5155,9 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
     return rc_bad();
 }
 
-static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "record_columns(recs, itemsize, specs: list, Column, Const)");
-        return NULL;
-    }
-    Py_ssize_t itemsize = PyLong_AsSsize_t(args[1]);
-    if (itemsize == -1 && PyErr_Occurred()) return NULL;
-    if (itemsize <= 0) {
-        PyErr_SetString(PyExc_ValueError, "record_columns: itemsize must be positive");
-        return NULL;
-    }
-    if (!PyType_Check(args[3]) || !PyType_Check(args[4]) ||
-        !((PyTypeObject *)args[3])->tp_new || !((PyTypeObject *)args[4])->tp_new) {
-        PyErr_SetString(PyExc_TypeError, "record_columns: Column and Const must be classes");
-        return NULL;
-    }
-    if (ipc_names() < 0) return NULL;
-    Py_buffer rb;
-    if (PyObject_GetBuffer(args[0], &rb, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    PyObject *out = NULL;
-    if (rb.len % itemsize) {
-        PyErr_SetString(PyExc_ValueError, "record_columns: not a whole number of records");
-        goto done;
-    }
-    Recs r = {(const char *)rb.buf, itemsize, rb.len / itemsize, args[3], args[4]};
-    Py_ssize_t m = PyList_GET_SIZE(args[2]);
-    out = PyList_New(m);
-    if (!out) goto done;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *c = rc_spec(&r, PyList_GET_ITEM(args[2], i));
-        if (!c) {
-            Py_CLEAR(out);
-            goto done;
-        }
-        PyList_SET_ITEM(out, i, c);
-    }
-done:
-    PyBuffer_Release(&rb);
-    return out;
-}
-
-/* The record buffer (recs, C-contiguous, whole records of itemsize bytes) as Recs, for
-   field_ranges and missing_ids. 0, or -1 with an exception set and rb released. */
+/* The record buffer (recs, C-contiguous, whole records of itemsize bytes) as Recs (its
+   column and constt unset), for record_columns, desc_log_columns, field_ranges and
+   missing_ids. 0, or -1 with an exception set and rb released. */
 static int recs_open(PyObject *recs, PyObject *sizeo, Py_buffer *rb, Recs *r) {
     Py_ssize_t itemsize = PyLong_AsSsize_t(sizeo);
     if (itemsize == -1 && PyErr_Occurred()) return -1;
@@ -5217,6 +5176,46 @@ static int recs_open(PyObject *recs, PyObject *sizeo, Py_buffer *rb, Recs *r) {
     r->n = rb->len / itemsize;
     r->column = r->constt = NULL;
     return 0;
+}
+
+/* recs_open for record_columns and desc_log_columns: args[0] the records, args[1] their
+   size, args[3] and args[4] the Column and Const classes (instances made with their tp_new). */
+static int recs_columns_open(PyObject *const *args, Py_buffer *rb, Recs *r) {
+    if (!PyType_Check(args[3]) || !PyType_Check(args[4]) ||
+        !((PyTypeObject *)args[3])->tp_new || !((PyTypeObject *)args[4])->tp_new) {
+        PyErr_SetString(PyExc_TypeError, "records: Column and Const must be classes");
+        return -1;
+    }
+    if (ipc_names() < 0 || recs_open(args[0], args[1], rb, r) < 0) return -1;
+    r->column = args[3];
+    r->constt = args[4];
+    return 0;
+}
+
+static PyObject *record_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_columns(recs, itemsize, specs: list, Column, Const)");
+        return NULL;
+    }
+    Py_buffer rb;
+    Recs r;
+    if (recs_columns_open(args, &rb, &r) < 0) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t m = PyList_GET_SIZE(args[2]);
+    out = PyList_New(m);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *c = rc_spec(&r, PyList_GET_ITEM(args[2], i));
+        if (!c) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, c);
+    }
+done:
+    PyBuffer_Release(&rb);
+    return out;
 }
 
 /* field_ranges(recs, itemsize, fields) -> [(min, max), ...] or None: the least and the
@@ -5584,16 +5583,9 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
                         "desc_log_columns(descs, size, at: 11 offsets, Column, Const)");
         return NULL;
     }
-    if (!PyType_Check(args[3]) || !PyType_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "desc_log_columns: Column and Const must be classes");
-        return NULL;
-    }
-    if (ipc_names() < 0) return NULL;
     Py_buffer rb;
     Recs r;
-    if (recs_open(args[0], args[1], &rb, &r) < 0) return NULL;
-    r.column = args[3];
-    r.constt = args[4];
+    if (recs_columns_open(args, &rb, &r) < 0) return NULL;
     Py_ssize_t at[DL_N];
     for (int j = 0; j < DL_N; j++) {
         at[j] = PyLong_AsSsize_t(PyTuple_GET_ITEM(args[2], j));
