@@ -4991,6 +4991,24 @@ static PyObject *rc_nulls_of(const Recs *r, const char *tp) {
     return out;
 }
 
+/* arrowipc.bools(f == 1, f >= 0): record_columns' RC_BOOL, desc_log_columns' grad */
+static PyObject *rc_bool(const Recs *r, const Ids *f) {
+    Py_ssize_t n = r->n, k = 0;
+    PyObject *bitmap = NULL;
+    if (rc_valid(r, f, &bitmap, &k) < 0) return NULL;
+    if (k == n && n) {
+        Py_XDECREF(bitmap);
+        return rc_nulls_of(r, "bool");
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (data) {
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(data);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((id_at(f, i) == 1) << (i & 7));
+    }
+    return rc_column(r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), data, NULL);
+}
+
 static PyObject *rc_bad(void) {
     PyErr_SetString(PyExc_ValueError, "record_columns: a malformed spec");
     return NULL;
@@ -5132,24 +5150,9 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
         if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
         return rc_dict(r, &f);
     }
-    case RC_BOOL: { /* arrowipc.bools(field == 1, field >= 0) */
+    case RC_BOOL: /* arrowipc.bools(field == 1, field >= 0) */
         if (rc_field(r, A_(2), A_(3), &f) < 0) return NULL;
-        PyObject *bitmap = NULL;
-        Py_ssize_t k = 0;
-        if (rc_valid(r, &f, &bitmap, &k) < 0) return NULL;
-        if (k == n && n) {
-            Py_XDECREF(bitmap);
-            return rc_nulls_of(r, "bool");
-        }
-        PyObject *data = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-        if (data) {
-            uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(data);
-            memset(bits, 0, (size_t)(n + 7) / 8);
-            for (Py_ssize_t i = 0; i < n; i++)
-                bits[i >> 3] |= (uint8_t)((id_at(&f, i) == 1) << (i & 7));
-        }
-        return rc_column(r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), data, NULL);
-    }
+        return rc_bool(r, &f);
     }
 #undef A_
     return rc_bad();
@@ -5602,7 +5605,7 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     }
     const Py_ssize_t n = r.n;
     PyObject *out = NULL, *seq = NULL, *offsets = NULL, *values = NULL;
-    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL, *bitmap = NULL, *bits = NULL;
+    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL;
     /* the int32 fields, gathered contiguous: role, idx, dtype, device, grad */
     static const int small[5] = {DL_ROLE, DL_IDX, DL_DTYPE, DL_DEVICE, DL_GRAD};
     int32_t *gathered = PyMem_Malloc((size_t)(n ? n : 1) * 5 * sizeof(int32_t));
@@ -5646,21 +5649,7 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     }
     { /* grad: record_columns' RC_BOOL */
         const Ids g = {(const char *)(gathered + (size_t)4 * n), 4, 0};
-        Py_ssize_t k = 0;
-        if (rc_valid(&r, &g, &bitmap, &k) < 0) goto done;
-        if (k == n && n) {
-            Py_CLEAR(bitmap);
-            grad = rc_nulls_of(&r, "bool");
-        } else {
-            bits = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-            if (!bits) goto done;
-            uint8_t *b = (uint8_t *)PyBytes_AS_STRING(bits);
-            memset(b, 0, (size_t)(n + 7) / 8);
-            for (Py_ssize_t i = 0; i < n; i++) b[i >> 3] |= (uint8_t)((id_at(&g, i) == 1) << (i & 7));
-            grad = rc_column(&r, k, 2, bitmap ? bitmap : Py_NewRef(Py_None), bits, NULL);
-            bitmap = bits = NULL;
-        }
-        if (!grad) goto done;
+        if (!(grad = rc_bool(&r, &g))) goto done;
     }
     PyObject *seqc = rc_column(&r, 0, 2, Py_NewRef(Py_None), seq, NULL);
     seq = NULL;
@@ -5677,8 +5666,6 @@ done:
     Py_XDECREF(values);
     for (int j = 0; j < 4; j++) Py_XDECREF(cols[j]);
     Py_XDECREF(grad);
-    Py_XDECREF(bitmap);
-    Py_XDECREF(bits);
     PyBuffer_Release(&rb);
     return out;
 }
