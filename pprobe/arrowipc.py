@@ -632,15 +632,18 @@ _RAW = struct.pack("<q", -1)
 
 
 class StreamWriter:
-    """One stream file: the schema message when opened, a message per batch, each written
-    with one ``os.writev`` loop (a reader never sees half a batch as whole), EOS at close."""
+    """One stream file: the schema message, a message per batch, each written with one
+    ``os.writev`` loop (a reader never sees half a batch as whole), EOS at close. The schema
+    goes out with the first batch, in its writev (one write fewer per shard; a reader takes
+    an empty shard for one cut short, as it takes a batch still being written), or at close
+    when no batch came."""
 
     def __init__(self, fd: int, fields: Sequence[tuple[str, str]], metadata: dict[str, str]):
         self.fd = fd
         self.fields = tuple(fields)
         self.has_dict = DICT_UTF8 in (tp for _, tp in self.fields)
         self.dict_sent = 0  # the dictionary entries the stream has
-        self._write(schema_message(self.fields, metadata))
+        self._schema: bytes | None = schema_message(self.fields, metadata)  # not yet written
 
     def _write(self, data: bytes) -> None:
         from .safefs import write_all
@@ -659,6 +662,8 @@ class StreamWriter:
                 raise ValueError("arrowipc: a dictionary shorter than the stream's")
             if sent > self.dict_sent:
                 pieces = dictionary_message(d, self.dict_sent, sent) + pieces
+        if self._schema is not None:
+            pieces = [self._schema, *pieces]
         native = _native()
         if native is not None:
             native.ipc_writev(self.fd, pieces)  # (the GIL released while it writes)
@@ -666,14 +671,17 @@ class StreamWriter:
             from .safefs import write_all_v
 
             write_all_v(self.fd, pieces)
+        self._schema = None
         self.dict_sent = sent
 
     def close(self) -> None:
-        """The end-of-stream marker, then the file closed."""
+        """The end-of-stream marker (after the schema, when no batch came), then the file
+        closed."""
         if self.fd < 0:
             return
         try:
-            self._write(EOS)
+            self._write(EOS if self._schema is None else self._schema + EOS)
+            self._schema = None
         finally:
             self.abandon()
 

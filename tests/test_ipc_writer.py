@@ -343,6 +343,39 @@ def test_stream_writer_writes_eos_at_close_only(tmp_path: Path) -> None:
     assert got.to_pylist() == ref.to_pylist()
 
 
+def test_stream_writer_sends_the_schema_with_the_first_batch(tmp_path: Path) -> None:
+    """The schema goes out in the first batch's writev: before it the shard is empty (a
+    reader's "cut short", not damage); a stream closed with no batch is schema and EOS."""
+    import os
+
+    from pprobe.query import read_shard
+
+    rng = random.Random(11)
+    path = tmp_path / "s.arrows"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    w = A.StreamWriter(fd, logschema.STACKS, META)
+    assert path.read_bytes() == b""
+    got, early = read_shard(str(path), schema.STACKS)
+    assert got == [] and early
+    b, ref = _batch(rng, logschema.STACKS, 3)
+    w.write_batch(b)
+    data = path.read_bytes()
+    assert data.startswith(A.schema_message(logschema.STACKS, META))
+    got, early = read_shard(str(path), schema.STACKS)
+    assert len(got) == 1 and got[0].to_pylist() == ref.to_pylist()  # (no EOS yet)
+    w.write_batch(b)
+    assert path.read_bytes().count(A.schema_message(logschema.STACKS, META)) == 1
+    w.close()
+
+    empty = tmp_path / "e.arrows"
+    w = A.StreamWriter(os.open(empty, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
+                       logschema.STACKS, META)  # fmt: skip
+    w.close()
+    assert empty.read_bytes() == A.schema_message(logschema.STACKS, META) + A.EOS
+    got, early = read_shard(str(empty), schema.STACKS)
+    assert got == [] and not early
+
+
 # ---------------------------------------------------------------------- end to end
 # A program with odd values: a non-ASCII file and function name, 0-d arrays (empty shapes),
 # NaN and inf (statistics nulls in stats mode), args, a named thread, nested calls (parent),
