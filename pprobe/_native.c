@@ -4991,6 +4991,63 @@ static PyObject *rc_nulls_of(const Recs *r, const char *tp) {
     return out;
 }
 
+/* record_columns' RC_TAKE: rc_dict of take_ids' ids (the table's entry of the field's index,
+   through inner when given), in one pass: each row's dictionary index is made as its id is
+   looked up, with no column of ids between (take_ids' IndexError first, then
+   dict_indices_of's ValueError, as those two passes raise them). */
+static PyObject *rc_take_dict(const Recs *r, const Ids *f, const Ids *table, Py_ssize_t ntable,
+                              const Ids *inner, Py_ssize_t ninner) {
+    const Py_ssize_t n = r->n;
+    PyObject *idx = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (!idx) return NULL;
+    int32_t *dst = (int32_t *)PyBytes_AS_STRING(idx);
+    int64_t first = -1;
+    int diff = 0, big = 0;
+    Py_ssize_t nulls = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int64_t j = id_at(f, k);
+        if (j >= 0 && inner) {
+            if (j >= ninner) goto past;
+            j = id_at(inner, (Py_ssize_t)j);
+        }
+        if (j >= 0) {
+            if (j >= ntable) goto past;
+            j = id_at(table, (Py_ssize_t)j);
+        }
+        if (j < 0) j = -1;
+        if (k == 0) first = j;
+        diff |= j != first;
+        big |= j >= ((int64_t)1 << 31) - 1;
+        nulls += j < 0;
+        dst[k] = j < 0 ? 0 : (int32_t)(j + 1);
+    }
+    if (!diff) { /* one id in every row (or no row) */
+        Py_DECREF(idx);
+        return rc_one(r, first);
+    }
+    if (big) {
+        Py_DECREF(idx);
+        PyErr_SetString(PyExc_ValueError, "arrowipc: a dictionary of 2**31 strings or more");
+        return NULL;
+    }
+    PyObject *bitmap = NULL;
+    if (nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) {
+            Py_DECREF(idx);
+            return NULL;
+        }
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((dst[k] != 0) << (k & 7));
+    }
+    return rc_column(r, nulls, 2, bitmap ? bitmap : Py_NewRef(Py_None), idx, NULL);
+past:
+    Py_DECREF(idx);
+    PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
+    return NULL;
+}
+
 /* arrowipc.bools(f == 1, f >= 0): record_columns' RC_BOOL, desc_log_columns' grad */
 static PyObject *rc_bool(const Recs *r, const Ids *f) {
     Py_ssize_t n = r->n, k = 0;
@@ -5122,7 +5179,6 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
         Py_ssize_t len[2] = {0, 0};
         int got = 0, m = A_(5) == Py_None ? 1 : 2;
         PyObject *out = NULL;
-        int64_t *tmp = NULL;
         for (; got < m; got++) {
             if (PyObject_GetBuffer(A_(4 + got), &b[got], PyBUF_STRIDES | PyBUF_FORMAT) < 0)
                 goto take_done;
@@ -5132,17 +5188,8 @@ static PyObject *rc_spec(const Recs *r, PyObject *spec) {
             }
             len[got] = b[got].shape ? b[got].shape[0] : b[got].len / b[got].itemsize;
         }
-        tmp = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-        if (!tmp) {
-            PyErr_NoMemory();
-            goto take_done;
-        }
-        if (take_ids(&f, n, &v[0], len[0], m == 2 ? &v[1] : NULL, len[1], tmp) == 0) {
-            const Ids w = {(const char *)tmp, 8, 1};
-            out = rc_dict(r, &w);
-        }
+        out = rc_take_dict(r, &f, &v[0], len[0], m == 2 ? &v[1] : NULL, len[1]);
     take_done:
-        PyMem_Free(tmp);
         for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
         return out;
     }
@@ -5580,6 +5627,35 @@ done:
 enum { DL_SEQ, DL_ROLE, DL_IDX, DL_NDIM, DL_D0, DL_DTYPE, DL_DEVICE, DL_GRAD, DL_STATS, DL_PATH,
        DL_NOTE, DL_N };
 
+/* One dict<utf8> column of desc_log_columns, filled in its pass: row k's dictionary index
+   (the string id + 1; 0 for a null, an id below 0), whether every row has the first row's
+   id, the nulls. dict_indices_of's answer, without a pass of its own. */
+typedef struct {
+    PyObject *idx; /* bytes: int32 per row */
+    int32_t *dst;
+    int32_t first;
+    int same;
+    Py_ssize_t nulls;
+} DlDict;
+
+/* the column once the pass is done: rc_dict of dict_indices_of's answer */
+static PyObject *dl_dict_column(const Recs *r, DlDict *d) {
+    if (d->same) /* one id in every row (or no row): one value, or nulls */
+        return rc_one(r, r->n && d->first >= 0 ? d->first : -1);
+    PyObject *bitmap = NULL;
+    Py_ssize_t n = r->n;
+    if (d->nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) return NULL;
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((d->dst[k] != 0) << (k & 7));
+    }
+    PyObject *idx = d->idx;
+    d->idx = NULL;
+    return rc_column(r, d->nulls, 2, bitmap ? bitmap : Py_NewRef(Py_None), idx, NULL);
+}
+
 static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != DL_N) {
         PyErr_SetString(PyExc_TypeError,
@@ -5605,52 +5681,121 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     }
     const Py_ssize_t n = r.n;
     PyObject *out = NULL, *seq = NULL, *offsets = NULL, *values = NULL;
-    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL;
-    /* the int32 fields, gathered contiguous: role, idx, dtype, device, grad */
-    static const int small[5] = {DL_ROLE, DL_IDX, DL_DTYPE, DL_DEVICE, DL_GRAD};
-    int32_t *gathered = PyMem_Malloc((size_t)(n ? n : 1) * 5 * sizeof(int32_t));
+    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL, *gvalid = NULL, *gdata = NULL;
+    /* role, idx, dtype, device: record_columns' RC_INDEX, made in the pass */
+    static const int dict_at[4] = {DL_ROLE, DL_IDX, DL_DTYPE, DL_DEVICE};
+    DlDict d[4];
+    memset(d, 0, sizeof d);
     int64_t *dims = PyMem_Malloc((size_t)(n ? n : 1) * MAX_INLINE_DIMS * sizeof(int64_t));
     seq = PyBytes_FromStringAndSize(NULL, n * 8);
     offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
-    if (!gathered || !dims) PyErr_NoMemory();
-    if (!gathered || !dims || !seq || !offsets) goto done;
+    /* grad: record_columns' RC_BOOL (value: the field is 1; valid: it is 0 or more) */
+    gdata = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    gvalid = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (!dims) PyErr_NoMemory();
+    if (!dims || !seq || !offsets || !gdata || !gvalid) goto done;
+    for (int j = 0; j < 4; j++) {
+        if (!(d[j].idx = PyBytes_FromStringAndSize(NULL, n * 4))) goto done;
+        d[j].dst = (int32_t *)PyBytes_AS_STRING(d[j].idx);
+        d[j].same = 1;
+        if (n) memcpy(&d[j].first, r.base + at[dict_at[j]], 4);
+    }
     int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
     char *sq = PyBytes_AS_STRING(seq);
-    int32_t hi[3] = {INT32_MIN, INT32_MIN, INT32_MIN};
+    uint8_t *gbits = (uint8_t *)PyBytes_AS_STRING(gdata);
+    uint8_t *gok = (uint8_t *)PyBytes_AS_STRING(gvalid);
+    memset(gbits, 0, (size_t)(n + 7) / 8);
+    memset(gok, 0, (size_t)(n + 7) / 8);
+    /* the loop keeps its state in locals: stores through the int32 outputs could alias
+       fields of d[] (the same type), which would send each update through memory */
+    int32_t *dst0 = d[0].dst, *dst1 = d[1].dst, *dst2 = d[2].dst, *dst3 = d[3].dst;
+    const int32_t f0 = d[0].first, f1 = d[1].first, f2 = d[2].first, f3 = d[3].first;
+    const Py_ssize_t a0 = at[DL_ROLE], a1 = at[DL_IDX], a2 = at[DL_DTYPE], a3 = at[DL_DEVICE];
+    const Py_ssize_t a_nd = at[DL_NDIM], a_seq = at[DL_SEQ], a_d0 = at[DL_D0];
+    const Py_ssize_t a_g = at[DL_GRAD], a_st = at[DL_STATS], a_pa = at[DL_PATH],
+                     a_no = at[DL_NOTE];
+    int diff = 0, big = 0;
+    Py_ssize_t z0 = 0, z1 = 0, z2 = 0, z3 = 0, gnulls = 0;
+    int32_t h0 = INT32_MIN, h1 = INT32_MIN, h2 = INT32_MIN;
+    unsigned gb = 0, gv = 0; /* grad's bits of the current byte */
     int64_t total = 0;
     off[0] = 0;
     for (Py_ssize_t k = 0; k < n; k++) { /* the one pass over the records */
         const char *rec = r.base + k * r.itemsize;
-        int32_t nd, x;
-        memcpy(&nd, rec + at[DL_NDIM], 4);
+        int32_t nd, x0, x1, x2, x3, g, s0, s1, s2;
+        int64_t sv;
+        memcpy(&nd, rec + a_nd, 4);
         if (nd < 0 || nd > MAX_INLINE_DIMS) {
             out = Py_NewRef(Py_None);
             goto done;
         }
-        memcpy(sq + 8 * k, rec + at[DL_SEQ], 8);
-        for (int j = 0; j < 5; j++) memcpy(gathered + (size_t)j * n + k, rec + at[small[j]], 4);
-        for (int j = 0; j < 3; j++) {
-            memcpy(&x, rec + at[DL_STATS + j], 4);
-            hi[j] = x > hi[j] ? x : hi[j];
+        memcpy(&sv, rec + a_seq, 8);
+        memcpy(sq + 8 * k, &sv, 8);
+        memcpy(&x0, rec + a0, 4);
+        memcpy(&x1, rec + a1, 4);
+        memcpy(&x2, rec + a2, 4);
+        memcpy(&x3, rec + a3, 4);
+        big |= (x0 == INT32_MAX) | (x1 == INT32_MAX) | (x2 == INT32_MAX) | (x3 == INT32_MAX);
+        dst0[k] = x0 < 0 ? 0 : (int32_t)((uint32_t)x0 + 1u);
+        dst1[k] = x1 < 0 ? 0 : (int32_t)((uint32_t)x1 + 1u);
+        dst2[k] = x2 < 0 ? 0 : (int32_t)((uint32_t)x2 + 1u);
+        dst3[k] = x3 < 0 ? 0 : (int32_t)((uint32_t)x3 + 1u);
+        diff |= (x0 != f0) | (x1 != f1) << 1 | (x2 != f2) << 2 | (x3 != f3) << 3;
+        z0 += x0 < 0;
+        z1 += x1 < 0;
+        z2 += x2 < 0;
+        z3 += x3 < 0;
+        memcpy(&g, rec + a_g, 4);
+        gb |= (unsigned)(g == 1) << (k & 7);
+        gv |= (unsigned)(g >= 0) << (k & 7);
+        gnulls += g < 0;
+        if ((k & 7) == 7) {
+            gbits[k >> 3] = (uint8_t)gb;
+            gok[k >> 3] = (uint8_t)gv;
+            gb = gv = 0;
         }
-        memcpy(dims + total, rec + at[DL_D0], 8 * (size_t)nd);
+        memcpy(&s0, rec + a_st, 4);
+        memcpy(&s1, rec + a_pa, 4);
+        memcpy(&s2, rec + a_no, 4);
+        h0 = s0 > h0 ? s0 : h0;
+        h1 = s1 > h1 ? s1 : h1;
+        h2 = s2 > h2 ? s2 : h2;
+        /* all the inline dimensions, a fixed size (no call): the next record's overwrite
+           those past nd, and dims has room for MAX_INLINE_DIMS a record */
+        memcpy(dims + total, rec + a_d0, 8 * MAX_INLINE_DIMS);
         total += nd;
-        if (total >= ((int64_t)1 << 31)) {
-            PyErr_SetString(PyExc_ValueError, "a shape column of 2**31 values or more in one batch");
-            goto done;
-        }
-        off[k + 1] = (int32_t)total;
+        off[k + 1] = (int32_t)total; /* (total <= 8 n: checked below) */
     }
+    if (n & 7) {
+        gbits[n >> 3] = (uint8_t)gb;
+        gok[n >> 3] = (uint8_t)gv;
+    }
+    if (big) { /* an id whose index (id + 1) is past int32 */
+        PyErr_SetString(PyExc_ValueError, "arrowipc: a dictionary of 2**31 strings or more");
+        goto done;
+    }
+    if (total >= ((int64_t)1 << 31)) {
+        PyErr_SetString(PyExc_ValueError, "a shape column of 2**31 values or more in one batch");
+        goto done;
+    }
+    for (int j = 0; j < 4; j++) d[j].same = !(diff >> j & 1);
+    d[0].nulls = z0;
+    d[1].nulls = z1;
+    d[2].nulls = z2;
+    d[3].nulls = z3;
+    int32_t hi[3] = {h0, h1, h2};
     values = PyBytes_FromStringAndSize((const char *)dims, (Py_ssize_t)total * 8);
     if (!values) goto done;
-    for (int j = 0; j < 4; j++) { /* role, idx, dtype, device: record_columns' RC_INDEX */
-        const Ids v = {(const char *)(gathered + (size_t)j * n), 4, 0};
-        if (!(cols[j] = rc_dict(&r, &v))) goto done;
+    for (int j = 0; j < 4; j++)
+        if (!(cols[j] = dl_dict_column(&r, &d[j]))) goto done;
+    if (gnulls == n && n) {
+        grad = rc_nulls_of(&r, "bool");
+    } else {
+        grad = rc_column(&r, gnulls, 2, gnulls ? gvalid : Py_NewRef(Py_None), gdata, NULL);
+        if (gnulls) gvalid = NULL; /* (stolen by rc_column, on failure too) */
+        gdata = NULL;
     }
-    { /* grad: record_columns' RC_BOOL */
-        const Ids g = {(const char *)(gathered + (size_t)4 * n), 4, 0};
-        if (!(grad = rc_bool(&r, &g))) goto done;
-    }
+    if (!grad) goto done;
     PyObject *seqc = rc_column(&r, 0, 2, Py_NewRef(Py_None), seq, NULL);
     seq = NULL;
     if (!seqc) goto done;
@@ -5659,11 +5804,13 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     for (int j = 0; j < 4; j++) cols[j] = NULL; /* (stolen by N, on failure too) */
     grad = NULL;
 done:
-    PyMem_Free(gathered);
     PyMem_Free(dims);
+    for (int j = 0; j < 4; j++) Py_XDECREF(d[j].idx);
     Py_XDECREF(seq);
     Py_XDECREF(offsets);
     Py_XDECREF(values);
+    Py_XDECREF(gdata);
+    Py_XDECREF(gvalid);
     for (int j = 0; j < 4; j++) Py_XDECREF(cols[j]);
     Py_XDECREF(grad);
     PyBuffer_Release(&rb);

@@ -1019,12 +1019,12 @@ def test_desc_log_columns_are_the_record_columns_of_each_field() -> None:
              *((W.RC_INDEX, *W._DESCF[f]) for f in ("role", "idx", "dtype", "device")),
              (W.RC_BOOL, *W._DESCF["grad"])]  # fmt: skip
     for n in (1, 2, 9, 300):
-        for same in (False, True):
+        for same in (None, 3, -1, 0):  # (None: each row its own values)
             ds = np.zeros(n, dtype=desc_dt)
             ds["seq"] = rng.integers(0, 2**40, n)
             for f in ("role", "idx", "dtype", "device", "stats", "path", "note"):
-                ds[f] = 3 if same else rng.integers(-2, 6, n)
-            ds["grad"] = 1 if same else rng.integers(-1, 2, n)
+                ds[f] = rng.integers(-2, 6, n) if same is None else same
+            ds["grad"] = rng.integers(-1, 2, n) if same is None else min(same, 1)
             ds["ndim"] = rng.integers(0, records.MAX_INLINE_DIMS + 1, n)
             for i in range(records.MAX_INLINE_DIMS):
                 ds[f"d{i}"] = rng.integers(0, 1000, n)
