@@ -5501,6 +5501,124 @@ done:
     return out;
 }
 
+/* One value's text as values.format_value writes it, where that is its repr (None, bool,
+   float; an int of at most 40 characters, a str of at most 60) or a Text (itself); NULL
+   (no exception set) for anything else: the Python twin formats the set. */
+static PyObject *arg_value_text(PyObject *v, PyObject *text_type) {
+    if (PyObject_TypeCheck(v, (PyTypeObject *)text_type)) return PyObject_Str(v);
+    PyTypeObject *c = Py_TYPE(v);
+    int is_int = c == &PyLong_Type, is_str = c == &PyUnicode_Type;
+    if (!(v == Py_None || c == &PyBool_Type || c == &PyFloat_Type || is_int || is_str)) return NULL;
+    PyObject *r = PyObject_Repr(v);
+    if (!r) {
+        PyErr_Clear(); /* (an int past sys.get_int_max_str_digits(): the twin's reprlib text) */
+        return NULL;
+    }
+    if (is_int || is_str) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(r);
+        if (len == 0 || len > (is_int ? 40 : 60)) {
+            Py_DECREF(r);
+            return NULL;
+        }
+    }
+    return r;
+}
+
+/* One pair's text (values.arg_text), or NULL (no exception set) where the twin makes it */
+static PyObject *arg_pair_text(PyObject *pair, PyObject *text_type) {
+    if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) return NULL;
+    PyObject *idx = PyTuple_GET_ITEM(pair, 0), *v = PyTuple_GET_ITEM(pair, 1);
+    if (idx != Py_None) {
+        if (!PyUnicode_CheckExact(idx)) return NULL;
+        PyObject *t = arg_value_text(v, text_type);
+        if (!t) return NULL;
+        PyObject *out = PyUnicode_FromFormat("%U=%U", idx, t);
+        Py_DECREF(t);
+        if (!out) PyErr_Clear();
+        return out;
+    }
+    if (PyUnicode_CheckExact(v)) return Py_NewRef(v); /* a text made during the call */
+    /* (name, packed): a shape of native int64s, written as repr(tuple) cut at 80 */
+    if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2) return NULL;
+    PyObject *name = PyTuple_GET_ITEM(v, 0), *packed = PyTuple_GET_ITEM(v, 1);
+    if (!PyUnicode_CheckExact(name) || !PyBytes_CheckExact(packed) ||
+        PyBytes_GET_SIZE(packed) % 8 || PyBytes_GET_SIZE(packed) > 8 * 64)
+        return NULL;
+    Py_ssize_t nd = PyBytes_GET_SIZE(packed) / 8;
+    PyObject *tup = PyTuple_New(nd), *r = NULL, *out = NULL;
+    if (!tup) goto fail;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        int64_t d;
+        memcpy(&d, PyBytes_AS_STRING(packed) + 8 * i, 8);
+        PyObject *o = PyLong_FromLongLong(d);
+        if (!o) goto fail;
+        PyTuple_SET_ITEM(tup, i, o);
+    }
+    r = PyObject_Repr(tup);
+    if (!r) goto fail;
+    if (PyUnicode_GET_LENGTH(r) > 80) {
+        PyObject *cut = PyUnicode_Substring(r, 0, 77);
+        Py_SETREF(r, cut ? PyUnicode_FromFormat("%U...", cut) : NULL);
+        Py_XDECREF(cut);
+        if (!r) goto fail;
+    }
+    out = PyUnicode_FromFormat("%U=%U", name, r);
+    if (!out) goto fail;
+    Py_DECREF(tup);
+    Py_DECREF(r);
+    return out;
+fail:
+    PyErr_Clear();
+    Py_XDECREF(tup);
+    Py_XDECREF(r);
+    return NULL;
+}
+
+/* arg_texts(sets, Text) -> for each set of (name, value) pairs its args text, UTF-8 with
+   errors replaced (writer._arg_bytes), or None where a value needs the Python twin (reprlib:
+   a long int or str, another type). The common values (None, bools, floats, short ints and
+   strs, texts and shapes made during the call) are written here, with no Python frame. */
+static PyObject *arg_texts(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "arg_texts(sets: list, Text: type)");
+        return NULL;
+    }
+    PyObject *sets = args[0], *text_type = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(sets);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *set = PyList_GET_ITEM(sets, i), *joined = NULL, *got = NULL;
+        PyObject *parts = PyTuple_CheckExact(set) ? PyList_New(PyTuple_GET_SIZE(set)) : NULL;
+        if (parts) {
+            Py_ssize_t k = 0;
+            for (; k < PyTuple_GET_SIZE(set); k++) {
+                PyObject *t = arg_pair_text(PyTuple_GET_ITEM(set, k), text_type);
+                if (!t) break;
+                PyList_SET_ITEM(parts, k, t);
+            }
+            if (k == PyTuple_GET_SIZE(set)) {
+                PyObject *sep = PyUnicode_FromString(", ");
+                joined = sep ? PyUnicode_Join(sep, parts) : NULL;
+                Py_XDECREF(sep);
+                got = joined ? PyUnicode_AsEncodedString(joined, "utf-8", "replace") : NULL;
+            }
+            Py_DECREF(parts); /* (the items not set are NULL: list_dealloc skips them) */
+        }
+        Py_XDECREF(joined);
+        if (!got) {
+            if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(out);
+                return NULL; /* (not an Exception: passed on) */
+            }
+            PyErr_Clear();
+            got = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, got);
+    }
+    return out;
+}
+
 /* arg_keys(sets) -> the writer's cache keys for the args column (pprobe.writer._args): for
    each set of (name, value) pairs, (set, k_1, ..., k_n) where k_i is the bits of value i
    when it is a float and its type otherwise. Equal sets can have different texts (1.0 ==
@@ -6562,6 +6680,8 @@ static PyMethodDef methods[] = {
     {"clear_arg_texts", clear_arg_texts, METH_NOARGS,
      "forget the args' texts learnt from other_pair (values' kinds changed)"},
     {"arg_keys", arg_keys, METH_O, "arg_keys(sets) -> the args cache's keys (writer._args)"},
+    {"arg_texts", (PyCFunction)(void (*)(void))arg_texts, METH_FASTCALL,
+     "arg_texts(sets, Text) -> each set's args text (UTF-8), or None for the Python twin"},
     {"desc_log_columns", (PyCFunction)(void (*)(void))desc_log_columns, METH_FASTCALL,
      "desc_log_columns(descs, size, at, Column, Const) -> the tensors batch's record columns "
      "and the greatest stats, path and note fields, in one pass; None: a deep shape"},

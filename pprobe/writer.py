@@ -703,8 +703,14 @@ class Writer:
                 new = dict.fromkeys([k for k, t in zip(keys, texts) if t is None])
                 if len(cache) + len(new) > 65536:
                     cache.clear()  # the program's args vary without end: start over
-                for k in new:
-                    cache[k] = _arg_bytes(k[0])
+                # the common values' texts in C (no frame a value); None: the Python twin's
+                made = (
+                    native.arg_texts([k[0] for k in new], values.Text)
+                    if native is not None
+                    else [None] * len(new)
+                )
+                for k, text in zip(new, made):
+                    cache[k] = _arg_bytes(k[0]) if text is None else text
                 texts = list(map(cache.get, keys))
         except TypeError:  # an unhashable value: each row on its own
             texts = [None] * len(pairs)

@@ -1047,3 +1047,65 @@ def test_desc_log_columns_are_the_record_columns_of_each_field() -> None:
         nat.desc_log_columns(b, size, (size,) * 11, A.Column, A.Const)
     with pytest.raises(TypeError):
         nat.desc_log_columns(b, size, W._DESC_LOG_AT[:5], A.Column, A.Const)
+
+
+@needs_native
+def test_native_arg_texts_are_the_python_twins() -> None:
+    """native.arg_texts writes the common values' texts (None, bools, floats, short ints and
+    strs, Text, texts and shapes made during the call) as writer._arg_bytes does, byte for
+    byte, and answers None for a set with any value that needs the twin (reprlib)."""
+    import struct
+
+    from pprobe import values
+    from pprobe import writer as W
+
+    nat = _native_mod()
+    rng = random.Random(5)
+
+    class Sub(str):
+        pass
+
+    common = [
+        None, True, False, 0, -7, 10**39, 1.5, -0.0, float("nan"), float("inf"), 1e300,
+        "", "x", "caf\u00e9", "a'b\"c", "lone \udc80 surrogate", "z" * 58, values.Text("t=1"),
+        values.Text(""),
+    ]  # fmt: skip
+    twin_only = [10**40, 10**5000, "z" * 59, np.float64(2.0), Sub("s"), [1, 2], (1, 2), object]
+    made = [(None, "dim=1"), (None, ""), *((None, (f"s{k}", struct.pack(f"{k}q", *range(k))))
+                                            for k in (0, 1, 2, 8))]  # fmt: skip
+    made.append((None, ("big", struct.pack("3q", 2**62, -(2**62), 7))))  # cut at 80
+    made.append((None, ("deep", struct.pack("40q", *range(10**6, 10**6 + 40)))))
+    sets: list = [()]
+    for _ in range(400):
+        k = rng.randint(1, 4)
+        pairs = []
+        for _ in range(k):
+            r = rng.random()
+            if r < 0.2:
+                pairs.append(rng.choice(made))
+            elif r < 0.3:
+                pairs.append((rng.choice(["0", "dim", "\u00e9"]), rng.choice(twin_only)))
+            else:
+                pairs.append((rng.choice(["0", "1", "dim", "out", "\u00e9t\u00e9"]),
+                              rng.choice(common)))  # fmt: skip
+        sets.append(tuple(pairs))
+    sets += ["not a tuple", ((1, 2, 3),), ((1, 2),)]  # the twin's (it raises or formats)
+    got = nat.arg_texts(sets, values.Text)
+    assert len(got) == len(sets)
+    native_made = 0
+    for s, g in zip(sets, got):
+        needs_twin = not isinstance(s, tuple) or any(
+            p[0] is not None
+            and (not (len(p) == 2 and isinstance(p[0], str)) or any(p[1] is t for t in twin_only))
+            for p in s
+        )
+        if g is None:
+            assert needs_twin, s
+            continue
+        native_made += 1
+        assert not needs_twin, s
+        assert g == W._arg_bytes(s), s
+    assert native_made > 200
+    assert max(len(t) for t in nat.arg_texts([(made[-1],), (made[-2],)], values.Text)) < 90
+    with pytest.raises(TypeError):
+        nat.arg_texts(tuple(sets), values.Text)
