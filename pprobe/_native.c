@@ -4731,23 +4731,29 @@ static PyObject *dict_indices(PyObject *self, PyObject *arg) {
     return out;
 }
 
-/* out[k] = table[j] (table[inner[j]] with inner) for j = idx[k], -1 where j (or inner[j]) is
-   negative: dict_take's and record_columns' lookup. -1 with an IndexError raised: an index
-   past its table. */
+/* table[j] (table[inner[j]] with inner) for j = idx[k] into *out, -1 where j (or inner[j])
+   is negative; -1 returned (nothing raised) for an index past its table */
+static inline int take_one(const Ids *idx, Py_ssize_t k, const Ids *table, Py_ssize_t ntable,
+                           const Ids *inner, Py_ssize_t ninner, int64_t *out) {
+    int64_t j = id_at(idx, k);
+    if (j >= 0 && inner) {
+        if (j >= ninner) return -1;
+        j = id_at(inner, (Py_ssize_t)j);
+    }
+    if (j >= 0) {
+        if (j >= ntable) return -1;
+        j = id_at(table, (Py_ssize_t)j);
+    }
+    *out = j < 0 ? -1 : j;
+    return 0;
+}
+
+/* out[k] = take_one(k) for each row: dict_take's lookup. -1 with an IndexError raised: an
+   index past its table. */
 static int take_ids(const Ids *idx, Py_ssize_t n, const Ids *table, Py_ssize_t ntable,
                     const Ids *inner, Py_ssize_t ninner, int64_t *out) {
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t j = id_at(idx, k);
-        if (j >= 0 && inner) {
-            if (j >= ninner) goto past;
-            j = id_at(inner, (Py_ssize_t)j);
-        }
-        if (j >= 0) {
-            if (j >= ntable) goto past;
-            j = id_at(table, (Py_ssize_t)j);
-        }
-        out[k] = j < 0 ? -1 : j;
-    }
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (take_one(idx, k, table, ntable, inner, ninner, out + k) < 0) goto past;
     return 0;
 past:
     PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
@@ -5005,16 +5011,8 @@ static PyObject *rc_take_dict(const Recs *r, const Ids *f, const Ids *table, Py_
     int diff = 0, big = 0;
     Py_ssize_t nulls = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
-        int64_t j = id_at(f, k);
-        if (j >= 0 && inner) {
-            if (j >= ninner) goto past;
-            j = id_at(inner, (Py_ssize_t)j);
-        }
-        if (j >= 0) {
-            if (j >= ntable) goto past;
-            j = id_at(table, (Py_ssize_t)j);
-        }
-        if (j < 0) j = -1;
+        int64_t j;
+        if (take_one(f, k, table, ntable, inner, ninner, &j) < 0) goto past;
         if (k == 0) first = j;
         diff |= j != first;
         big |= j >= ((int64_t)1 << 31) - 1;
