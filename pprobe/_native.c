@@ -4997,6 +4997,32 @@ static PyObject *rc_nulls_of(const Recs *r, const char *tp) {
     return out;
 }
 
+/* A dict<utf8> column from its int32 indices (idx, bytes: the string id + 1 a row, 0 for a
+   null), made in a caller's pass that also noted whether every row has the first row's id
+   and how many are null: rc_dict of dict_indices_of's answer, without a pass of its own. Takes
+   idx's reference. */
+static PyObject *dict_column_of(const Recs *r, PyObject *idx, int same, int64_t first,
+                                Py_ssize_t nulls) {
+    if (same) { /* one id in every row (or no row): one value, or nulls */
+        Py_DECREF(idx);
+        return rc_one(r, r->n && first >= 0 ? first : -1);
+    }
+    PyObject *bitmap = NULL;
+    Py_ssize_t n = r->n;
+    if (nulls) {
+        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+        if (!bitmap) {
+            Py_DECREF(idx);
+            return NULL;
+        }
+        const int32_t *dst = (const int32_t *)PyBytes_AS_STRING(idx);
+        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
+        memset(bits, 0, (size_t)(n + 7) / 8);
+        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((dst[k] != 0) << (k & 7));
+    }
+    return rc_column(r, nulls, 2, bitmap ? bitmap : Py_NewRef(Py_None), idx, NULL);
+}
+
 /* record_columns' RC_TAKE: rc_dict of take_ids' ids (the table's entry of the field's index,
    through inner when given), in one pass: each row's dictionary index is made as its id is
    looked up, with no column of ids between (take_ids' IndexError first, then
@@ -5019,27 +5045,12 @@ static PyObject *rc_take_dict(const Recs *r, const Ids *f, const Ids *table, Py_
         nulls += j < 0;
         dst[k] = j < 0 ? 0 : (int32_t)(j + 1);
     }
-    if (!diff) { /* one id in every row (or no row) */
-        Py_DECREF(idx);
-        return rc_one(r, first);
-    }
-    if (big) {
+    if (big) { /* (rc_one raises the same for one such id in every row) */
         Py_DECREF(idx);
         PyErr_SetString(PyExc_ValueError, "arrowipc: a dictionary of 2**31 strings or more");
         return NULL;
     }
-    PyObject *bitmap = NULL;
-    if (nulls) {
-        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-        if (!bitmap) {
-            Py_DECREF(idx);
-            return NULL;
-        }
-        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
-        memset(bits, 0, (size_t)(n + 7) / 8);
-        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((dst[k] != 0) << (k & 7));
-    }
-    return rc_column(r, nulls, 2, bitmap ? bitmap : Py_NewRef(Py_None), idx, NULL);
+    return dict_column_of(r, idx, !diff, first, nulls);
 past:
     Py_DECREF(idx);
     PyErr_SetString(PyExc_IndexError, "dict_take: an index past its table");
@@ -5743,35 +5754,6 @@ done:
 enum { DL_SEQ, DL_ROLE, DL_IDX, DL_NDIM, DL_D0, DL_DTYPE, DL_DEVICE, DL_GRAD, DL_STATS, DL_PATH,
        DL_NOTE, DL_N };
 
-/* One dict<utf8> column of desc_log_columns, filled in its pass: row k's dictionary index
-   (the string id + 1; 0 for a null, an id below 0), whether every row has the first row's
-   id, the nulls. dict_indices_of's answer, without a pass of its own. */
-typedef struct {
-    PyObject *idx; /* bytes: int32 per row */
-    int32_t *dst;
-    int32_t first;
-    int same;
-    Py_ssize_t nulls;
-} DlDict;
-
-/* the column once the pass is done: rc_dict of dict_indices_of's answer */
-static PyObject *dl_dict_column(const Recs *r, DlDict *d) {
-    if (d->same) /* one id in every row (or no row): one value, or nulls */
-        return rc_one(r, r->n && d->first >= 0 ? d->first : -1);
-    PyObject *bitmap = NULL;
-    Py_ssize_t n = r->n;
-    if (d->nulls) {
-        bitmap = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
-        if (!bitmap) return NULL;
-        uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(bitmap);
-        memset(bits, 0, (size_t)(n + 7) / 8);
-        for (Py_ssize_t k = 0; k < n; k++) bits[k >> 3] |= (uint8_t)((d->dst[k] != 0) << (k & 7));
-    }
-    PyObject *idx = d->idx;
-    d->idx = NULL;
-    return rc_column(r, d->nulls, 2, bitmap ? bitmap : Py_NewRef(Py_None), idx, NULL);
-}
-
 static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != DL_N) {
         PyErr_SetString(PyExc_TypeError,
@@ -5800,8 +5782,8 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *grad = NULL, *gvalid = NULL, *gdata = NULL;
     /* role, idx, dtype, device: record_columns' RC_INDEX, made in the pass */
     static const int dict_at[4] = {DL_ROLE, DL_IDX, DL_DTYPE, DL_DEVICE};
-    DlDict d[4];
-    memset(d, 0, sizeof d);
+    PyObject *idx[4] = {NULL, NULL, NULL, NULL}; /* their int32 indices */
+    int32_t *dst[4], first[4] = {-1, -1, -1, -1};
     int64_t *dims = PyMem_Malloc((size_t)(n ? n : 1) * MAX_INLINE_DIMS * sizeof(int64_t));
     seq = PyBytes_FromStringAndSize(NULL, n * 8);
     offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
@@ -5811,21 +5793,19 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     if (!dims) PyErr_NoMemory();
     if (!dims || !seq || !offsets || !gdata || !gvalid) goto done;
     for (int j = 0; j < 4; j++) {
-        if (!(d[j].idx = PyBytes_FromStringAndSize(NULL, n * 4))) goto done;
-        d[j].dst = (int32_t *)PyBytes_AS_STRING(d[j].idx);
-        d[j].same = 1;
-        if (n) memcpy(&d[j].first, r.base + at[dict_at[j]], 4);
+        if (!(idx[j] = PyBytes_FromStringAndSize(NULL, n * 4))) goto done;
+        dst[j] = (int32_t *)PyBytes_AS_STRING(idx[j]);
+        if (n) memcpy(&first[j], r.base + at[dict_at[j]], 4);
     }
     int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
     char *sq = PyBytes_AS_STRING(seq);
     uint8_t *gbits = (uint8_t *)PyBytes_AS_STRING(gdata);
     uint8_t *gok = (uint8_t *)PyBytes_AS_STRING(gvalid);
-    memset(gbits, 0, (size_t)(n + 7) / 8);
-    memset(gok, 0, (size_t)(n + 7) / 8);
     /* the loop keeps its state in locals: stores through the int32 outputs could alias
-       fields of d[] (the same type), which would send each update through memory */
-    int32_t *dst0 = d[0].dst, *dst1 = d[1].dst, *dst2 = d[2].dst, *dst3 = d[3].dst;
-    const int32_t f0 = d[0].first, f1 = d[1].first, f2 = d[2].first, f3 = d[3].first;
+       arrays of int32 (first[]), which would send each update through memory; grad's bits
+       are whole bytes, each written once (the last one after the loop) */
+    int32_t *dst0 = dst[0], *dst1 = dst[1], *dst2 = dst[2], *dst3 = dst[3];
+    const int32_t f0 = first[0], f1 = first[1], f2 = first[2], f3 = first[3];
     const Py_ssize_t a0 = at[DL_ROLE], a1 = at[DL_IDX], a2 = at[DL_DTYPE], a3 = at[DL_DEVICE];
     const Py_ssize_t a_nd = at[DL_NDIM], a_seq = at[DL_SEQ], a_d0 = at[DL_D0];
     const Py_ssize_t a_g = at[DL_GRAD], a_st = at[DL_STATS], a_pa = at[DL_PATH],
@@ -5894,16 +5874,15 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_ValueError, "a shape column of 2**31 values or more in one batch");
         goto done;
     }
-    for (int j = 0; j < 4; j++) d[j].same = !(diff >> j & 1);
-    d[0].nulls = z0;
-    d[1].nulls = z1;
-    d[2].nulls = z2;
-    d[3].nulls = z3;
+    const Py_ssize_t nulls[4] = {z0, z1, z2, z3};
     int32_t hi[3] = {h0, h1, h2};
     values = PyBytes_FromStringAndSize((const char *)dims, (Py_ssize_t)total * 8);
     if (!values) goto done;
-    for (int j = 0; j < 4; j++)
-        if (!(cols[j] = dl_dict_column(&r, &d[j]))) goto done;
+    for (int j = 0; j < 4; j++) {
+        cols[j] = dict_column_of(&r, idx[j], !(diff >> j & 1), first[j], nulls[j]);
+        idx[j] = NULL; /* (taken, on failure too) */
+        if (!cols[j]) goto done;
+    }
     if (gnulls == n && n) {
         grad = rc_nulls_of(&r, "bool");
     } else {
@@ -5921,7 +5900,7 @@ static PyObject *desc_log_columns(PyObject *self, PyObject *const *args, Py_ssiz
     grad = NULL;
 done:
     PyMem_Free(dims);
-    for (int j = 0; j < 4; j++) Py_XDECREF(d[j].idx);
+    for (int j = 0; j < 4; j++) Py_XDECREF(idx[j]);
     Py_XDECREF(seq);
     Py_XDECREF(offsets);
     Py_XDECREF(values);
