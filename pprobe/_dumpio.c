@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 
-#define DUMPIO_API 10
+#define DUMPIO_API 11
 
 /* ------------------------------------------------------------------ the queue */
 typedef struct Job {
@@ -63,6 +63,7 @@ static uint64_t n_submitted = 0, n_completed = 0, n_files = 0, n_links = 0, n_fa
 static uint64_t bytes_written = 0;
 static int dirfd_ = -1;
 static int running = 0, stopping = 0, idle = 0;
+static int held = 0; /* (tests: hold()) the worker takes no job until released */
 static pthread_t thread;
 static Failure *failures = NULL;
 
@@ -775,6 +776,7 @@ static Job **h_jobs = NULL;
 static int h_n = 0, h_next = 0, h_left = 0, h_dfd = -1, h_running = 0, h_quit = 0;
 static unsigned h_gen = 0; /* the round's folder (dir_gen): a refusal counts for it only */
 static unsigned h_round = 0;
+static unsigned h_first = 0; /* the round a new helper is started for (it joins that one) */
 static uint64_t h_files = 0; /* files the helper wrote (tests: the two-thread path ran) */
 
 /* with hmu held: write the round's files until none is left to take */
@@ -799,7 +801,7 @@ static void h_share(int helper) {
 static void *helper(void *unused) {
     (void)unused;
     pthread_mutex_lock(&hmu);
-    unsigned seen = h_round;
+    unsigned seen = h_first;
     for (;;) {
         while (h_round == seen && !h_quit) pthread_cond_wait(&hcv_work, &hmu);
         if (h_quit) break;
@@ -835,6 +837,7 @@ static void write_large(int dfd, unsigned gen, Job *batch) {
     if (!h_running) {
         pthread_t t;
         h_quit = 0;
+        h_first = h_round; /* (the round posted below: the helper joins it when it starts) */
         if (start_detached(&t, helper)) { /* no helper: the batch's loop writes them in turn */
             pthread_mutex_unlock(&hmu);
             return;
@@ -878,7 +881,7 @@ static void *worker(void *unused) {
     int lingered = 0;
     pthread_mutex_lock(&mu);
     for (;;) {
-        while (!q_head && !stopping) {
+        while ((!q_head || held) && !stopping) {
             if (!lingered) {
                 lingered = 1;
                 struct timespec until;
@@ -1003,6 +1006,7 @@ static void atfork_child(void) {
     h_jobs = NULL;
     h_n = h_next = h_left = h_running = h_quit = 0;
     h_files = 0;
+    held = 0;
     d_files = 0;
     d_ns[0] = d_ns[1] = 0;
     d_since = 0;
@@ -1374,6 +1378,18 @@ static PyObject *dq_helper_files(PyObject *self, PyObject *unused) {
     uint64_t n = h_files;
     pthread_mutex_unlock(&hmu);
     return PyLong_FromUnsignedLongLong(n);
+}
+
+/* hold(flag) (tests): while held, the writer takes no job off the queue, so that the jobs
+ * submitted meanwhile make one batch once it is released */
+static PyObject *dq_hold(PyObject *self, PyObject *flag) {
+    int v = PyObject_IsTrue(flag);
+    if (v < 0) return NULL;
+    pthread_mutex_lock(&mu);
+    held = v;
+    if (!v) pthread_cond_broadcast(&cv_work);
+    pthread_mutex_unlock(&mu);
+    Py_RETURN_NONE;
 }
 
 /* direct([setting[, refuse_test]]) -> (setting, the folder takes O_DIRECT, files written
@@ -2789,6 +2805,7 @@ static PyMethodDef methods[] = {
      "direct([setting[, refuse_test]]) -> (setting, the folder takes O_DIRECT, files written "
      "O_DIRECT): large dumps written with O_DIRECT, 0 never, 1 when faster (default), 2 "
      "always; refuse_test (tests): each open creates the file, then fails with EINVAL"},
+    {"hold", dq_hold, METH_O, "hold(flag) (tests): the writer takes no job until released"},
     {"helper_files", dq_helper_files, METH_NOARGS,
      "files written by the second writer thread (large files, two at once)"},
     {"pool", dq_pool, METH_NOARGS,

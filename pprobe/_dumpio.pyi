@@ -25,6 +25,10 @@ def helper_files() -> int:
     """Files written by the second writer thread: a batch's large files (256 KiB and more,
     one file each) are written by the writer and a helper thread together."""
 
+def hold(flag: bool, /) -> None:
+    """(tests) While held, the writer takes no job off the queue: the jobs submitted meanwhile
+    make one batch once it is released."""
+
 def direct(setting: int = ..., refuse_test: bool = ..., /) -> tuple[int, int, int]:
     """(setting, the folder takes O_DIRECT, files written with O_DIRECT), after setting it
     when given: 0 off, 1 auto (the default), 2 on (PPROBE_DUMP_DIRECT). refuse_test (tests):

@@ -67,7 +67,7 @@ def fall_back(reason: str) -> None:
 
 
 #: The interface version this Python side expects of pprobe/_dumpio.c (DUMPIO_API).
-DUMPIO_API = 10
+DUMPIO_API = 11
 _dumpio_mod: Any = False  # not looked for yet
 
 

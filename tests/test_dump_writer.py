@@ -566,15 +566,19 @@ def test_large_files_are_written_two_at_once_and_each_is_whole(tmp_path: Path) -
             q.open(fd, 256 << 20)
             want: dict[str, np.ndarray] = {}
             start = mod.helper_files()
-            for r in range(rounds):  # until the helper took part (it does in the first, here)
-                for i in range(8):
-                    a = rng.standard_normal(40_000 + 1_000 * i)  # 320-376 KB, new contents
-                    name = f"{tag}{r}_{i}.npy"
-                    assert q.submit(name, b"H" * 64, a, None, True)
-                    want[name] = a
-                    if i == 3:  # a link in the same batch as its target
-                        assert q.submit(f"{tag}{r}_link.npy", b"", None, name, True)
-                        want[f"{tag}{r}_link.npy"] = a
+            for r in range(rounds):  # until the helper took part (a new one joins its round)
+                mod.hold(True)  # one batch: the round's files are submitted before it starts
+                try:
+                    for i in range(8):
+                        a = rng.standard_normal(40_000 + 1_000 * i)  # 320-376 KB, new bytes
+                        name = f"{tag}{r}_{i}.npy"
+                        assert q.submit(name, b"H" * 64, a, None, True)
+                        want[name] = a
+                        if i == 3:  # a link in the same batch as its target
+                            assert q.submit(f"{tag}{r}_link.npy", b"", None, name, True)
+                            want[f"{tag}{r}_link.npy"] = a
+                finally:
+                    mod.hold(False)
                 assert q.wait(q.ticket(), 30.0)
                 if mod.helper_files() > start:
                     break
