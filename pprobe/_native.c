@@ -254,6 +254,9 @@ typedef struct {
     int drop, writer_alive;
     long long dropped;
     int woken; /* wake() was called: its writer's wait() returns (under g_park_mu) */
+    /* when the oldest buffered row was appended (CLOCK_MONOTONIC ns; set by the append that
+     * finds the buffer empty, read by wait() without the GIL) */
+    int64_t first_ns;
 } BufferObject;
 
 static PyObject *py_wake = NULL; /* writer.wake or None (configure) */
@@ -384,26 +387,38 @@ static void window_open(void) {
     ask_main_to_yield();
 }
 
-/* wait(timeout) -> woken: the writer thread's wait for its next flush: until wake() or, with
-   rows (or dropped rows) buffered, the timeout; an idle writer keeps waiting without taking
-   the GIL. On return the flush window is open (end_flush() closes it): it opens before the
-   GIL is taken back, so that the recording threads let the GIL go. */
+/* wait(timeout) -> woken: the writer thread's wait for its next flush: until wake(), until
+   the oldest buffered row has waited `timeout` seconds since it was appended, or, with rows
+   dropped, the timeout; an idle writer looks every `timeout` seconds without taking the GIL.
+   A burst of rows is written `timeout` after its first row, not at the next tick of a clock
+   that started before it (one flush, not two, for a burst shorter than the period). On return
+   the flush window is open (end_flush() closes it): it opens before the GIL is taken back, so
+   that the recording threads let the GIL go. */
 static PyObject *Buffer_wait(BufferObject *self, PyObject *arg) {
     double t = PyFloat_AsDouble(arg);
     if (t == -1.0 && PyErr_Occurred()) return NULL;
     if (!(t >= 0.001)) t = 0.001;
     if (t > 86400) t = 86400;
+    int64_t t_ns = (int64_t)(t * 1e9);
     int woken;
     Py_BEGIN_ALLOW_THREADS;
     struct timespec dl;
     pthread_mutex_lock(&g_park_mu);
-    for (;;) {
-        deadline_in(&dl, (int64_t)(t * 1e9));
+    for (int first = 1;; first = 0) {
+        /* racy reads of the counts and of first_ns (no GIL): a row appended just now is seen
+         * at the next look; a stale first_ns is an older one, an earlier flush */
+        int64_t wait_ns = t_ns;
+        if (self->n_ops) {
+            wait_ns = __atomic_load_n(&self->first_ns, __ATOMIC_RELAXED) + t_ns - mono_ns();
+            if (wait_ns <= 0) break;
+        } else if (self->dropped && !first) {
+            break;
+        }
+        deadline_in(&dl, wait_ns);
         while (!self->woken) {
             if (pthread_cond_timedwait(&g_wake_cv, &g_park_mu, &dl) != 0) break;
         }
-        /* racy reads of the counts (no GIL): a row appended just now waits one more period */
-        if (self->woken || self->n_ops || self->dropped) break;
+        if (self->woken) break;
     }
     woken = self->woken;
     self->woken = 0;
@@ -541,6 +556,7 @@ static int buffer_append(BufferObject *b, OpRec *op, DescRec *d, Py_ssize_t nd, 
     }
     OpRec *o = (OpRec *)PyByteArray_AS_STRING(b->ops) + b->n_ops;
     *o = *op;
+    if (!b->n_ops) __atomic_store_n(&b->first_ns, mono_ns(), __ATOMIC_RELAXED);
     DescRec *dd = nd ? (DescRec *)PyByteArray_AS_STRING(b->descs) + b->n_descs : NULL;
     if (nd) memcpy(dd, d, nd * sizeof(DescRec));
     if (base) rebase_row(o, dd, nd, base);

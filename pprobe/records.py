@@ -130,6 +130,7 @@ _PAD = tuple((0,) * k for k in range(MAX_INLINE_DIMS + 1))
 
 
 _pack_seq = struct.Struct("=q").pack
+_t0_of = struct.Struct("=q").unpack_from  # (an op record's t0 is at offset 8)
 pack_seq = _pack_seq  # a desc record's seq field (its first 8 bytes)
 _pack_rest = struct.Struct("=" + "".join(c for _, c in DESC_FIELDS[1:])).pack
 _unpack_dims = tuple(struct.Struct(f"={k}q").unpack for k in range(MAX_INLINE_DIMS + 1))
@@ -398,14 +399,33 @@ class Buffer:
         p[2] += time.monotonic() - t0
 
     def wait(self, timeout: float) -> bool:
-        """The writer thread's wait for its next flush: until :meth:`wake` or, with rows (or
-        dropped rows) buffered, ``timeout`` seconds. Opens the flush window (``end_flush``
-        closes it). The native twin opens it before taking the GIL back; here the GIL is
-        taken first."""
+        """The writer thread's wait for its next flush: until :meth:`wake`, until the oldest
+        buffered row is ``timeout`` seconds old (its op's start, ``t0``), or, with rows
+        dropped, ``timeout`` seconds; an idle writer looks every ``timeout`` seconds. A burst
+        of rows is written ``timeout`` after its first row, not at the next tick of a clock
+        that started before it. Opens the flush window (``end_flush`` closes it). The native
+        twin opens it before taking the GIL back; here the GIL is taken first."""
         ev = self._woken
+        first = True
         while True:
+            left = timeout
+            q = self._q
+            if q:
+                try:
+                    r = q[0]
+                    t0 = _t0_of(r if type(r) is bytes else r[0], 8)[0]
+                    left = (t0 - time.perf_counter_ns()) / 1e9 + timeout
+                except Exception:  # (taken meanwhile, or no op record: due now)
+                    left = 0
+                if left <= 0:
+                    woken = False
+                    break
+            elif self.dropped and not first:
+                woken = False
+                break
+            first = False
             try:
-                ev.get(timeout=timeout)
+                ev.get(timeout=left)
                 woken = True
             except queue.Empty:
                 woken = False
@@ -414,7 +434,7 @@ class Buffer:
                     ev.get_nowait()
                 except queue.Empty:
                     break
-            if woken or self._q or self.dropped:
+            if woken:
                 break
         self._close_gate()
         self.flushing = True

@@ -47,6 +47,13 @@ def _row(seq: int) -> tuple[bytes, bytes, None]:
     return head, descs, None
 
 
+def _row_now() -> tuple[bytes, bytes, None]:
+    """A row whose op started now (t0): the Python buffer dates a row by it."""
+    t = time.perf_counter_ns()
+    head, descs, objs = records.encode_row(0, 0, t, t, 1, 11, 0, 0, -1, "ok", None, None, [], [])
+    return head, descs, None
+
+
 def _waiter(buf: Any, timeout: float) -> tuple[threading.Thread, list]:
     got: list = []
 
@@ -88,6 +95,36 @@ def test_the_timeout_ends_the_wait_when_rows_are_buffered(buf: Any) -> None:
     t.join(5)
     assert got == [False]  # the timeout, not a wake
     buf.end_flush()
+
+
+def test_a_row_is_due_a_period_after_it_was_recorded(buf: Any) -> None:
+    """The period runs from the oldest buffered row (README: the longest time a row waits),
+    not from the wait's start: a row recorded late in an idle period is not written at the
+    next tick but a whole period after it, so that a burst shorter than the period takes one
+    flush, not two."""
+    t, got = _waiter(buf, 0.4)
+    time.sleep(0.3)  # an idle writer: the first look at 0.4 s finds the row
+    t_row = time.perf_counter()
+    head, descs, objs = _row_now()
+    buf.append(head, descs, objs)
+    t.join(5)
+    waited = time.perf_counter() - t_row
+    assert got == [False]  # the period, not a wake
+    assert waited >= 0.35, waited  # not at the tick 0.1 s after the row
+    buf.end_flush()
+    buf.take()
+
+
+def test_a_row_older_than_the_period_is_due_at_once(buf: Any) -> None:
+    head, descs, objs = _row_now()
+    buf.append(head, descs, objs)
+    time.sleep(0.5)
+    t0 = time.perf_counter()
+    assert buf.wait(0.4) is False
+    waited = time.perf_counter() - t0
+    buf.end_flush()
+    buf.take()
+    assert waited < 0.3, waited  # (not a whole period from the wait's start)
 
 
 def test_a_recording_thread_waits_for_the_flush(buf: Any) -> None:
