@@ -404,12 +404,15 @@ static PyObject *Buffer_wait(BufferObject *self, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS;
     struct timespec dl;
     pthread_mutex_lock(&g_park_mu);
+    int64_t seen = 0; /* when a look first found rows: they are older, whatever first_ns says */
     for (int first = 1;; first = 0) {
         /* racy reads of the counts and of first_ns (no GIL): a row appended just now is seen
          * at the next look; a stale first_ns is an older one, an earlier flush */
         int64_t wait_ns = t_ns;
         if (self->n_ops) {
-            wait_ns = __atomic_load_n(&self->first_ns, __ATOMIC_RELAXED) + t_ns - mono_ns();
+            int64_t now = mono_ns(), oldest = __atomic_load_n(&self->first_ns, __ATOMIC_RELAXED);
+            if (!seen) seen = now;
+            wait_ns = (oldest < seen ? oldest : seen) + t_ns - now;
             if (wait_ns <= 0) break;
         } else if (self->dropped && !first) {
             break;

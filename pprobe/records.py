@@ -407,14 +407,17 @@ class Buffer:
         twin opens it before taking the GIL back; here the GIL is taken first."""
         ev = self._woken
         first = True
+        seen = 0  # when a look first found rows: they are older, whatever their t0 says
         while True:
             left = timeout
             q = self._q
             if q:
+                now = time.perf_counter_ns()
+                seen = seen or now
                 try:
                     r = q[0]
-                    t0 = _t0_of(r if type(r) is bytes else r[0], 8)[0]
-                    left = (t0 - time.perf_counter_ns()) / 1e9 + timeout
+                    t0 = min(seen, _t0_of(r if type(r) is bytes else r[0], 8)[0])
+                    left = (t0 - now) / 1e9 + timeout
                 except Exception:  # (taken meanwhile, or no op record: due now)
                     left = 0
                 if left <= 0:

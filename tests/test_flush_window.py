@@ -127,6 +127,17 @@ def test_a_row_older_than_the_period_is_due_at_once(buf: Any) -> None:
     assert waited < 0.3, waited  # (not a whole period from the wait's start)
 
 
+def test_a_row_dated_ahead_of_the_clock_is_due_a_period_after_it_was_seen(buf: Any) -> None:
+    """A t0 the clock has not reached (no such row is made; the Python buffer dates rows by
+    it) does not hold the flush back: the rows a look finds are due a period after it."""
+    buf.append(b"\x7f" * records.OP_SIZE, b"", None)
+    t, got = _waiter(buf, 0.05)
+    t.join(5)
+    assert got == [False]
+    buf.end_flush()
+    buf.take()
+
+
 def test_a_recording_thread_waits_for_the_flush(buf: Any) -> None:
     """In the window, a thread that appends a row waits (its row is in first); after
     end_flush() appends go on without waiting. The writer thread itself never waits."""
