@@ -129,8 +129,10 @@ _NO_DIMS = (0,) * MAX_INLINE_DIMS
 _PAD = tuple((0,) * k for k in range(MAX_INLINE_DIMS + 1))
 
 
-_pack_seq = struct.Struct("=q").pack
-_t0_of = struct.Struct("=q").unpack_from  # (an op record's t0 is at offset 8)
+_INT64 = struct.Struct("=q")
+_pack_seq = _INT64.pack
+_t0_of = _INT64.unpack_from  # (at _T0_AT: an op record's t0)
+_T0_AT = OP_AT["t0"][0]
 pack_seq = _pack_seq  # a desc record's seq field (its first 8 bytes)
 _pack_rest = struct.Struct("=" + "".join(c for _, c in DESC_FIELDS[1:])).pack
 _unpack_dims = tuple(struct.Struct(f"={k}q").unpack for k in range(MAX_INLINE_DIMS + 1))
@@ -416,7 +418,7 @@ class Buffer:
                 seen = seen or now
                 try:
                     r = q[0]
-                    t0 = min(seen, _t0_of(r if type(r) is bytes else r[0], 8)[0])
+                    t0 = min(seen, _t0_of(r if type(r) is bytes else r[0], _T0_AT)[0])
                     left = (t0 - now) / 1e9 + timeout
                 except Exception:  # (taken meanwhile, or no op record: due now)
                     left = 0

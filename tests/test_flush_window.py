@@ -42,15 +42,12 @@ def buf(request: pytest.FixtureRequest) -> Iterator[Any]:
     b.end_flush()
 
 
-def _row(seq: int) -> tuple[bytes, bytes, None]:
-    head, descs, objs = records.encode_row(seq, 0, 0, 1, 11, 0, 0, -1, -1, "ok", None, None, [], [])
-    return head, descs, None
-
-
-def _row_now() -> tuple[bytes, bytes, None]:
-    """A row whose op started now (t0): the Python buffer dates a row by it."""
-    t = time.perf_counter_ns()
-    head, descs, objs = records.encode_row(0, 0, t, t, 1, 11, 0, 0, -1, "ok", None, None, [], [])
+def _row(seq: int, t0: int = 0) -> tuple[bytes, bytes, None]:
+    """A row whose op started at ``t0`` (perf_counter_ns): the Python buffer dates a row by
+    it (0: long ago)."""
+    head, descs, objs = records.encode_row(
+        seq, 0, t0, t0 + 1, 11, 0, 0, -1, -1, "ok", None, None, [], []
+    )
     return head, descs, None
 
 
@@ -105,8 +102,7 @@ def test_a_row_is_due_a_period_after_it_was_recorded(buf: Any) -> None:
     t, got = _waiter(buf, 0.4)
     time.sleep(0.3)  # an idle writer: the first look at 0.4 s finds the row
     t_row = time.perf_counter()
-    head, descs, objs = _row_now()
-    buf.append(head, descs, objs)
+    buf.append(*_row(0, time.perf_counter_ns()))
     t.join(5)
     waited = time.perf_counter() - t_row
     assert got == [False]  # the period, not a wake
@@ -116,8 +112,7 @@ def test_a_row_is_due_a_period_after_it_was_recorded(buf: Any) -> None:
 
 
 def test_a_row_older_than_the_period_is_due_at_once(buf: Any) -> None:
-    head, descs, objs = _row_now()
-    buf.append(head, descs, objs)
+    buf.append(*_row(0, time.perf_counter_ns()))
     time.sleep(0.5)
     t0 = time.perf_counter()
     assert buf.wait(0.4) is False
